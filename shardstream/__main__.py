@@ -1,0 +1,5 @@
+import sys
+
+from shardstream.cli import main
+
+sys.exit(main())
