@@ -1,0 +1,112 @@
+"""The distribution ships as designed: built as a wheel, installed outside the checkout.
+
+The repository keeps ``client/``, ``server/`` and ``shard_builder/`` at the top level and
+reaches them through symlinks in ``shardstream/``; this test proves that layout builds a
+wheel whose import names are ``shardstream.*`` only, with a working console script.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SUBPACKAGES = ("shardstream.client", "shardstream.server", "shardstream.shard_builder")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--wheel",
+            "--no-isolation",
+            "--outdir",
+            str(out),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (whl,) = out.glob("shardstream-*.whl")
+    return whl
+
+
+@pytest.fixture(scope="module")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv (seeing this environment's dependencies) with the wheel installed."""
+    env_dir = tmp_path_factory.mktemp("venv")
+    venv.create(env_dir, system_site_packages=True, with_pip=False)
+    python = env_dir / "bin" / "python"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--quiet",
+            "--no-deps",
+            str(wheel),
+        ],
+        check=True,
+    )
+    return env_dir
+
+
+def test_wheel_holds_only_shardstream_packages(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    top_level = {name.split("/")[0] for name in names}
+    assert all(t == "shardstream" or t.endswith(".dist-info") for t in top_level), top_level
+    for sub in SUBPACKAGES:
+        assert sub.replace(".", "/") + "/__init__.py" in names
+    assert "shardstream/py.typed" in names
+
+
+def _run_outside_checkout(python: Path, code: str, cwd: Path) -> str:
+    result = subprocess.run(
+        [str(python), "-I", "-c", code], capture_output=True, text=True, cwd=cwd, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_installed_wheel_imports_every_package(installed: Path, tmp_path: Path) -> None:
+    python = installed / "bin" / "python"
+    code = (
+        "import importlib, pkgutil, shardstream\n"
+        "names = ['shardstream'] + [m.name for m in pkgutil.walk_packages("
+        "shardstream.__path__, 'shardstream.') if m.ispkg]\n"
+        "for n in names:\n"
+        "    mod = importlib.import_module(n)\n"
+        "    print(n, mod.__file__)\n"
+    )
+    out = _run_outside_checkout(python, code, tmp_path)
+    lines = dict(line.split(" ", 1) for line in out.strip().splitlines())
+    for sub in ("shardstream", *SUBPACKAGES):
+        assert sub in lines, out
+        # imported from the installed wheel, never from the source checkout
+        assert str(REPO) not in lines[sub], lines[sub]
+
+
+def test_console_script_runs(installed: Path, tmp_path: Path) -> None:
+    script = installed / "bin" / "shardstream"
+    assert script.exists()
+    result = subprocess.run(
+        [str(script), "--help"], capture_output=True, text=True, cwd=tmp_path, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "shardstream" in result.stdout
+    version = subprocess.run(
+        [str(script), "--version"], capture_output=True, text=True, cwd=tmp_path, check=True
+    )
+    assert version.stdout.strip() == "shardstream 0.1.0"
