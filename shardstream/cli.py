@@ -21,8 +21,10 @@ from shardstream.errors import ShardstreamError
 # Modules with a ``register(subparsers)`` function, in the order shown by ``--help``.
 _COMMAND_MODULES = (
     "shardstream.shard_builder.cli",
+    "shardstream.shard_builder.publish",
     "shardstream.server.cli",
     "shardstream.client.cli",
+    "shardstream.demo.cli",
 )
 
 Handler = Callable[[argparse.Namespace], int]
