@@ -1,0 +1,62 @@
+"""The MDS v2 shard codec, byte-compatible with mosaicml-streaming 0.13 both ways.
+
+Writing::
+
+    from shardstream.mds import MDSWriter
+    with MDSWriter(out_dir, {"tokens": "ndarray:uint16:2048"}, compression="zstd") as w:
+        w.write({"tokens": arr})
+
+or, for all-fixed-size columns without per-sample Python, :func:`write_shard_arrays` with
+:func:`samples_per_shard`. Reading: :func:`load_index`, then :class:`ShardReader` over an
+uncompressed local shard (:func:`decompress_shard` first if the index lists ``zip_data``).
+
+Errors: :class:`~shardstream.errors.FormatError` and its subclasses (corrupt shards, hash
+mismatches, unsupported encodings), :class:`~shardstream.errors.InputError` for bad samples,
+:class:`~shardstream.errors.ConfigError` for bad settings. The format is documented in
+``docs/format.md``.
+"""
+
+from shardstream.mds._compression import check_compression, compress, decompress_shard
+from shardstream.mds._encodings import ENCODINGS, Codec, encoded_size, get_codec
+from shardstream.mds._index import (
+    INDEX_BASENAME,
+    FileInfo,
+    MDSIndex,
+    ShardInfo,
+    load_index,
+    write_atomic,
+)
+from shardstream.mds._reader import ShardReader
+from shardstream.mds._shard import (
+    encode_sample,
+    make_encoder,
+    samples_per_shard,
+    shard_config,
+    write_shard,
+    write_shard_arrays,
+)
+from shardstream.mds._writer import MDSWriter
+
+__all__ = [
+    "ENCODINGS",
+    "INDEX_BASENAME",
+    "Codec",
+    "FileInfo",
+    "MDSIndex",
+    "MDSWriter",
+    "ShardInfo",
+    "ShardReader",
+    "check_compression",
+    "compress",
+    "decompress_shard",
+    "encode_sample",
+    "encoded_size",
+    "get_codec",
+    "load_index",
+    "make_encoder",
+    "samples_per_shard",
+    "shard_config",
+    "write_atomic",
+    "write_shard",
+    "write_shard_arrays",
+]

@@ -1,0 +1,240 @@
+"""``index.json`` of an MDS v2 dataset: :class:`MDSIndex`, :class:`ShardInfo`, :func:`load_index`.
+
+The JSON layout is MosaicML Streaming's (``{"version": 2, "shards": [...]}``, keys sorted,
+``json.dumps`` default separators), so an index we write is byte-identical to the one
+``streaming.MDSWriter`` writes for the same shards. Loading validates every field and
+raises :class:`FormatError` naming the file, the shard and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from shardstream.errors import FormatError
+from shardstream.mds._compression import check_compression
+from shardstream.mds._encodings import get_codec
+
+INDEX_BASENAME = "index.json"
+"""File name of the index beside the shards."""
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """One shard file as recorded in the index: name, size in bytes, hex digests."""
+
+    basename: str
+    bytes: int
+    hashes: Mapping[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object MosaicML writes for a file."""
+        return {"basename": self.basename, "bytes": self.bytes, "hashes": dict(self.hashes)}
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard's entry in ``index.json`` (format ``"mds"``, version 2).
+
+    ``raw_data`` describes the uncompressed shard file; ``zip_data`` the compressed file
+    that is stored instead when ``compression`` is set (``None`` otherwise).
+    """
+
+    column_encodings: tuple[str, ...]
+    column_names: tuple[str, ...]
+    column_sizes: tuple[int | None, ...]
+    compression: str | None
+    hashes: tuple[str, ...]
+    raw_data: FileInfo
+    samples: int
+    size_limit: int | None
+    zip_data: FileInfo | None = None
+    format: str = "mds"
+    version: int = 2
+
+    @property
+    def stored(self) -> FileInfo:
+        """The file that is actually stored: ``zip_data`` if compressed, else ``raw_data``."""
+        return self.zip_data if self.zip_data is not None else self.raw_data
+
+    @property
+    def columns(self) -> dict[str, str]:
+        """Column name -> encoding, in shard order (sorted by name)."""
+        return dict(zip(self.column_names, self.column_encodings, strict=True))
+
+    def config(self) -> dict[str, Any]:
+        """The writer configuration that MosaicML also embeds in the shard header."""
+        return {
+            "column_encodings": list(self.column_encodings),
+            "column_names": list(self.column_names),
+            "column_sizes": list(self.column_sizes),
+            "compression": self.compression,
+            "format": self.format,
+            "hashes": list(self.hashes),
+            "size_limit": self.size_limit,
+            "version": self.version,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The shard's JSON object in ``index.json``."""
+        obj = self.config()
+        obj["raw_data"] = self.raw_data.to_dict()
+        obj["samples"] = self.samples
+        obj["zip_data"] = None if self.zip_data is None else self.zip_data.to_dict()
+        return obj
+
+    @classmethod
+    def from_dict(cls, obj: Any, *, where: str = "index.json") -> ShardInfo:
+        """Validate and load one shard object; ``where`` names it in errors."""
+        return _parse_shard(obj, where)
+
+
+@dataclass
+class MDSIndex:
+    """An MDS v2 ``index.json``: the list of shards in order."""
+
+    shards: list[ShardInfo] = field(default_factory=list)
+    version: int = 2
+
+    @property
+    def num_samples(self) -> int:
+        """Total samples over all shards."""
+        return sum(shard.samples for shard in self.shards)
+
+    def to_json(self) -> str:
+        """The index as MosaicML writes it (sorted keys, default separators)."""
+        obj = {"version": self.version, "shards": [s.to_dict() for s in self.shards]}
+        return json.dumps(obj, sort_keys=True)
+
+    def write(self, path: Path) -> None:
+        """Write the index to ``path`` atomically (temp file in the same folder + rename)."""
+        write_atomic(Path(path), self.to_json().encode("utf-8"))
+
+
+def write_atomic(path: Path, data: bytes | memoryview) -> None:
+    """Write ``data`` to ``path`` so that readers see either nothing or all of it."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_index(source: bytes | str | Path) -> MDSIndex:
+    """Load and validate an ``index.json`` given as its bytes or a path to it.
+
+    Raises :class:`FormatError` (naming the file, shard and field) for anything that is not
+    an MDS v2 index, and :class:`UnsupportedEncodingError` for column encodings we cannot read.
+    """
+    if isinstance(source, bytes):
+        where, data = "index.json", source
+    else:
+        where = str(source)
+        try:
+            data = Path(source).read_bytes()
+        except OSError as exc:
+            raise FormatError(f"{where}: cannot read the index: {exc.strerror}") from exc
+    try:
+        obj = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"{where}: not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise FormatError(f"{where}: expected a JSON object with 'version' and 'shards'")
+    if obj.get("version") != 2:
+        raise FormatError(
+            f"{where}: field 'version' is {obj.get('version')!r}; only MDS index version 2 "
+            "is supported (re-write the dataset with mosaicml-streaming >= 0.5 or shardstream)"
+        )
+    shards = obj.get("shards")
+    if not isinstance(shards, list):
+        raise FormatError(f"{where}: field 'shards' must be a list")
+    return MDSIndex([_parse_shard(s, f"{where}: shard {i}") for i, s in enumerate(shards)])
+
+
+def _field(obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if key not in obj:
+        raise FormatError(f"{where}: missing field {key!r}")
+    value = obj[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise FormatError(f"{where}: field {key!r} has the wrong type ({value!r})")
+    return value
+
+
+def _parse_file(obj: Any, where: str) -> FileInfo:
+    if not isinstance(obj, dict):
+        raise FormatError(f"{where}: expected an object with basename, bytes, hashes")
+    basename = _field(obj, "basename", str, where)
+    path = PurePosixPath(basename)
+    # A basename is a key relative to the dataset root; it must never escape it.
+    if not basename or path.is_absolute() or ".." in path.parts or "\\" in basename:
+        raise FormatError(f"{where}: field 'basename' {basename!r} is not a relative file name")
+    size = _field(obj, "bytes", int, where)
+    hashes = _field(obj, "hashes", dict, where)
+    if size < 0 or not all(isinstance(v, str) for v in hashes.values()):
+        raise FormatError(f"{where}: file {basename!r} has a bad size or hash value")
+    return FileInfo(basename, size, dict(hashes))
+
+
+def _parse_shard(obj: Any, where: str) -> ShardInfo:
+    if not isinstance(obj, dict):
+        raise FormatError(f"{where}: expected a JSON object")
+    if "raw_data" in obj and isinstance(obj["raw_data"], dict):
+        where = f"{where} ({obj['raw_data'].get('basename')})"
+    if obj.get("format") != "mds":
+        raise FormatError(f"{where}: field 'format' is {obj.get('format')!r}, expected 'mds'")
+    if obj.get("version") != 2:
+        raise FormatError(f"{where}: field 'version' is {obj.get('version')!r}, expected 2")
+    names = _field(obj, "column_names", list, where)
+    encodings = _field(obj, "column_encodings", list, where)
+    sizes = _field(obj, "column_sizes", list, where)
+    if not (len(names) == len(encodings) == len(sizes)) or not names:
+        raise FormatError(
+            f"{where}: column_names, column_encodings and column_sizes must be non-empty "
+            "lists of the same length"
+        )
+    for name, encoding, size in zip(names, encodings, sizes, strict=True):
+        if not isinstance(name, str):
+            raise FormatError(f"{where}: column name {name!r} is not a string")
+        try:
+            codec = get_codec(encoding)
+        except FormatError as exc:
+            raise type(exc)(f"{where}: column {name!r}: {exc}") from None
+        if size != codec.size:
+            raise FormatError(
+                f"{where}: column {name!r} ({encoding}) has column_sizes entry {size!r}, "
+                f"expected {codec.size!r}"
+            )
+    compression = obj.get("compression")
+    try:
+        check_compression(compression, writing=False)
+    except Exception as exc:
+        raise FormatError(f"{where}: field 'compression': {exc}") from None
+    hashes = _field(obj, "hashes", list, where)
+    samples = _field(obj, "samples", int, where)
+    size_limit = obj.get("size_limit")
+    if samples < 0 or not (size_limit is None or isinstance(size_limit, int)):
+        raise FormatError(f"{where}: field 'samples' or 'size_limit' is invalid")
+    raw = _parse_file(obj.get("raw_data"), f"{where}: raw_data")
+    zip_obj = obj.get("zip_data")
+    zip_data = None if zip_obj is None else _parse_file(zip_obj, f"{where}: zip_data")
+    if (zip_data is None) != (compression is None):
+        raise FormatError(f"{where}: zip_data must be given exactly when compression is set")
+    return ShardInfo(
+        column_encodings=tuple(encodings),
+        column_names=tuple(names),
+        column_sizes=tuple(sizes),
+        compression=compression,
+        hashes=tuple(str(h) for h in hashes),
+        raw_data=raw,
+        samples=samples,
+        size_limit=size_limit,
+        zip_data=zip_data,
+    )

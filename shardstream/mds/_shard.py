@@ -1,0 +1,292 @@
+"""Building MDS shard files: one sample's bytes, one whole shard, and the vectorized path.
+
+A raw (uncompressed) MDS shard is, all integers little-endian uint32::
+
+    num_samples | offsets[num_samples + 1] | config JSON | sample 0 | sample 1 | ...
+
+``offsets[i]`` is the byte position of sample ``i`` in the file and ``offsets[-1]`` the
+file size. The config JSON is the shard's writer settings (what ``ShardInfo.config()``
+returns, ``json.dumps(..., sort_keys=True)``). One sample is the uint32 sizes of its
+variable-size columns, then every column's bytes, columns sorted by name.
+
+MosaicML starts a new shard when the next sample would make the file bigger than
+``size_limit``; :func:`samples_per_shard` gives that count for all-fixed-size columns.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import struct
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardstream.errors import ConfigError, InputError
+from shardstream.hashing import hash_bytes, new_hasher
+from shardstream.mds._compression import check_compression, compress, compression_extension
+from shardstream.mds._encodings import Codec, get_codec
+from shardstream.mds._index import FileInfo, ShardInfo
+
+_MAX_BYTES = 1 << 32  # offsets are uint32
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_columns(items: tuple[tuple[str, str], ...]) -> tuple[tuple[str, Codec], ...]:
+    for name, _ in items:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"column names must be non-empty strings, got {name!r}")
+    # Shard order is sorted by name, as MosaicML writes it.
+    return tuple((name, get_codec(encoding)) for name, encoding in sorted(items))
+
+
+def parse_columns(columns: Mapping[str, str]) -> tuple[tuple[str, Codec], ...]:
+    """Validate ``columns`` (name -> encoding) and return ``(name, codec)`` sorted by name."""
+    if not columns:
+        raise ConfigError("a shard needs at least one column")
+    return _parse_columns(tuple(columns.items()))
+
+
+def make_encoder(columns: Mapping[str, str]) -> Callable[[Mapping[str, Any]], bytes]:
+    """A fast ``sample -> bytes`` function for ``columns`` (see :func:`encode_sample`)."""
+    cols = parse_columns(columns)
+    nvar = sum(codec.size is None for _, codec in cols)
+    pack = struct.Struct(f"<{nvar}I").pack
+
+    def encode(sample: Mapping[str, Any]) -> bytes:
+        sizes: list[int] = []
+        parts: list[bytes] = [b""]
+        for name, codec in cols:
+            try:
+                value = sample[name]
+                data = value if type(value) is bytes else codec.encode(value)
+            except KeyError:
+                raise InputError(
+                    f"sample has no column {name!r} (it has {sorted(sample)}); every sample "
+                    f"needs all columns {[n for n, _ in cols]}"
+                ) from None
+            except InputError as exc:
+                raise InputError(f"column {name!r} ({codec.encoding}): {exc}") from None
+            if codec.size is None:
+                sizes.append(len(data))
+            elif len(data) != codec.size:
+                raise InputError(
+                    f"column {name!r} ({codec.encoding}): encoded size is {len(data)} bytes, "
+                    f"expected {codec.size}"
+                )
+            parts.append(data)
+        parts[0] = pack(*sizes)
+        return b"".join(parts)
+
+    return encode
+
+
+def encode_sample(columns: Mapping[str, str], sample: Mapping[str, Any]) -> bytes:
+    """One sample's MDS bytes (sizes of variable columns, then every column, sorted by name).
+
+    Raises :class:`InputError` naming the column for a missing column or a bad value.
+    For many samples, call :func:`make_encoder` once and reuse it.
+    """
+    return make_encoder(columns)(sample)
+
+
+def normalize_hashes(hashes: Sequence[str]) -> tuple[str, ...]:
+    """Sorted, de-duplicated hash names (MosaicML requires sorted); validates each name."""
+    if isinstance(hashes, str):
+        hashes = (hashes,)
+    names = tuple(sorted(set(hashes)))
+    for algo in names:
+        new_hasher(algo)
+    return names
+
+
+def check_size_limit(size_limit: int | None) -> int | None:
+    """``None`` (one shard) or a byte count in ``(0, 2**32)``; 0 means ``None`` as in MosaicML."""
+    if not size_limit:
+        return None
+    if not isinstance(size_limit, int) or not 0 < size_limit < _MAX_BYTES:
+        raise ConfigError(f"size_limit must be between 1 and 2**32 - 1 bytes, got {size_limit!r}")
+    return size_limit
+
+
+def shard_config(
+    columns: Mapping[str, str],
+    *,
+    compression: str | None,
+    hashes: Sequence[str],
+    size_limit: int | None,
+) -> ShardInfo:
+    """A :class:`ShardInfo` template (no files yet) with validated settings."""
+    cols = parse_columns(columns)
+    return ShardInfo(
+        column_encodings=tuple(codec.encoding for _, codec in cols),
+        column_names=tuple(name for name, _ in cols),
+        column_sizes=tuple(codec.size for _, codec in cols),
+        compression=check_compression(compression, writing=True),
+        hashes=normalize_hashes(hashes),
+        raw_data=FileInfo("", 0),
+        samples=0,
+        size_limit=check_size_limit(size_limit),
+    )
+
+
+def config_bytes(info: ShardInfo) -> bytes:
+    """The config JSON embedded in a shard's header, byte-identical to MosaicML's."""
+    return json.dumps(info.config(), sort_keys=True).encode("utf-8")
+
+
+def samples_per_shard(
+    columns: Mapping[str, str],
+    size_limit: int | None,
+    *,
+    compression: str | None = None,
+    hashes: Sequence[str] = ("sha1", "xxh3_64"),
+) -> int:
+    """How many samples of all-fixed-size ``columns`` MosaicML's rule puts in one shard.
+
+    A shard holds ``n`` samples when ``8 + len(config) + n * (sample_size + 4)`` is at most
+    ``size_limit``; at least 1 (a sample larger than the limit gets a shard of its own).
+    Returns ``2**32 - 1`` when ``size_limit`` is ``None``.
+    """
+    template = shard_config(columns, compression=compression, hashes=hashes, size_limit=size_limit)
+    stride = _fixed_stride(template)
+    if template.size_limit is None:
+        return _MAX_BYTES - 1
+    room = template.size_limit - 8 - len(config_bytes(template))
+    return max(1, room // (stride + 4))
+
+
+def _fixed_stride(info: ShardInfo) -> int:
+    if any(size is None for size in info.column_sizes):
+        variable = [n for n, s in zip(info.column_names, info.column_sizes, strict=True) if not s]
+        raise ConfigError(f"columns {variable} are variable-size; this path needs fixed-size ones")
+    return sum(size for size in info.column_sizes if size is not None)
+
+
+def write_shard(
+    path: Path,
+    basename: str,
+    columns: Mapping[str, str],
+    encoded: Sequence[bytes],
+    *,
+    compression: str | None = None,
+    hashes: Sequence[str] = ("sha1", "xxh3_64"),
+    size_limit: int | None = 128 << 20,
+) -> ShardInfo:
+    """Write one shard from already-encoded samples (see :func:`encode_sample`).
+
+    ``path`` is the dataset directory; the shard is written there as ``basename`` (e.g.
+    ``shard.00000.mds``), or as ``basename + ".zstd"`` when compressed, via a temp file
+    and a rename. ``size_limit`` is only recorded (the caller decides what goes in a shard).
+    Returns the shard's index entry.
+    """
+    template = shard_config(columns, compression=compression, hashes=hashes, size_limit=size_limit)
+    config = config_bytes(template)
+    sizes = np.fromiter(map(len, encoded), np.int64, len(encoded))
+    head_len = 4 * (len(encoded) + 2) + len(config)
+    offsets = np.empty(len(encoded) + 1, np.int64)
+    offsets[0] = head_len
+    np.cumsum(sizes, out=offsets[1:])
+    offsets[1:] += head_len
+    _check_total(int(offsets[-1]), basename)
+    head = np.uint32(len(encoded)).tobytes() + offsets.astype("<u4").tobytes()
+    raw = b"".join([head, config, *encoded])
+    return _store(Path(path), basename, template, raw, len(encoded))
+
+
+def write_shard_arrays(
+    path: Path,
+    basename: str,
+    columns: Mapping[str, str],
+    arrays: Mapping[str, np.ndarray[Any, Any]],
+    *,
+    compression: str | None = None,
+    hashes: Sequence[str] = ("sha1", "xxh3_64"),
+    size_limit: int | None = 128 << 20,
+) -> ShardInfo:
+    """Write one shard of all-fixed-size columns from whole arrays, with no per-sample Python.
+
+    ``arrays[name]`` holds every sample of a column stacked on axis 0: shape
+    ``(n, *shape)`` with the exact dtype for ``ndarray:<dtype>:<shape>``, ``(n,)`` for scalar
+    encodings (``int`` is int64). The bytes are identical to :func:`write_shard` over the
+    same samples. Offsets are computed by arithmetic and the file is assembled in one buffer.
+    Use :func:`samples_per_shard` to cut the input into shards.
+    """
+    template = shard_config(columns, compression=compression, hashes=hashes, size_limit=size_limit)
+    stride = _fixed_stride(template)
+    config = config_bytes(template)
+    lengths = {len(a) for a in arrays.values() if isinstance(a, np.ndarray) and a.ndim}
+    if len(lengths) != 1:
+        raise InputError(f"{basename}: arrays must be numpy arrays of one common length")
+    (n,) = lengths
+    head_len = 4 * (n + 2) + len(config)
+    _check_total(head_len + n * stride, basename)
+    raw = np.empty(head_len + n * stride, np.uint8)
+    raw[:4] = np.frombuffer(np.uint32(n).tobytes(), np.uint8)
+    offsets = head_len + stride * np.arange(n + 1, dtype=np.int64)
+    raw[4 : 4 * (n + 2)] = offsets.astype("<u4").view(np.uint8)
+    raw[4 * (n + 2) : head_len] = np.frombuffer(config, np.uint8)
+    body = raw[head_len:].reshape(n, stride)
+    pos = 0
+    for name, codec in parse_columns(columns):
+        if name not in arrays:
+            raise InputError(f"{basename}: no array for column {name!r}")
+        arr = arrays[name]
+        assert codec.dtype is not None and codec.shape is not None and codec.size
+        if arr.dtype != codec.dtype or arr.shape[1:] != codec.shape:
+            raise InputError(
+                f"{basename}: column {name!r} ({codec.encoding}) needs dtype {codec.dtype.name} "
+                f"and shape (n, {', '.join(map(str, codec.shape))}), got {arr.dtype} {arr.shape}"
+            )
+        body[:, pos : pos + codec.size] = (
+            np.ascontiguousarray(arr).view(np.uint8).reshape(n, codec.size)
+        )
+        pos += codec.size
+    return _store(Path(path), basename, template, raw.data, n)
+
+
+def _check_total(total: int, basename: str) -> None:
+    if total >= _MAX_BYTES:
+        raise InputError(
+            f"{basename}: shard would be {total} bytes; MDS offsets are uint32, so a shard "
+            "must stay under 4 GiB (lower size_limit)"
+        )
+
+
+def _store(
+    out_dir: Path, basename: str, template: ShardInfo, raw: bytes | memoryview, n: int
+) -> ShardInfo:
+    """Hash (and compress) ``raw`` and write the stored file atomically."""
+    if not basename or "/" in basename or basename.startswith("."):
+        raise ConfigError(f"shard basename must be a plain file name, got {basename!r}")
+    raw_info = FileInfo(basename, len(raw), {a: hash_bytes(a, raw) for a in template.hashes})
+    zip_info = None
+    data = raw
+    if template.compression is not None:
+        data = compress(template.compression, raw)
+        zip_name = f"{basename}.{compression_extension(template.compression)}"
+        zip_info = FileInfo(zip_name, len(data), {a: hash_bytes(a, data) for a in template.hashes})
+    target = out_dir / (zip_info or raw_info).basename
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=out_dir)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return ShardInfo(
+        column_encodings=template.column_encodings,
+        column_names=template.column_names,
+        column_sizes=template.column_sizes,
+        compression=template.compression,
+        hashes=template.hashes,
+        raw_data=raw_info,
+        samples=n,
+        size_limit=template.size_limit,
+        zip_data=zip_info,
+    )
