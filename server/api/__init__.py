@@ -1,0 +1,1 @@
+"""The HTTP API: dependencies (``deps``) and one router module per resource (``routes``)."""

@@ -1,0 +1,1 @@
+"""One router per resource, all mounted under ``/v1`` (health and metrics at the root)."""

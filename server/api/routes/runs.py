@@ -1,0 +1,116 @@
+"""``/v1/runs``: runs and their checkpoints (the data position at a training step)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request, Response, status
+from sqlalchemy.orm import Session
+
+from shardstream.errors import ConflictError
+from shardstream.server.api.deps import ERRORS, Cursor, Limit, Reader, RunId, SessionDep, Writer
+from shardstream.server.auth import Principal
+from shardstream.server.data import checkpoints as checkpoints_data
+from shardstream.server.data import runs as data
+from shardstream.wire import (
+    CheckpointCreate,
+    CheckpointPublic,
+    Page,
+    RunCreate,
+    RunPublic,
+    RunUpdate,
+)
+
+router = APIRouter(prefix="/v1/runs", tags=["runs"], responses=ERRORS)
+
+Step = Annotated[int, Path(ge=0, le=2**62, description="training step")]
+
+
+def _check_run_access(session: Session, who: Principal, run_id: int) -> None:
+    """403 when a restricted token asks for a run that reads datasets outside its list."""
+    if who.datasets is None:
+        return
+    data.get(session, run_id)
+    for src in data.sources(session, run_id):
+        who.require_dataset(src.dataset)
+
+
+@router.post("", status_code=status.HTTP_201_CREATED)
+def create_run(body: RunCreate, session: SessionDep, who: Writer) -> RunPublic:
+    """Register a run reading one or more published versions with weights."""
+    for src in body.sources:
+        who.require_dataset(src.dataset)
+    return data.create(session, body, created_by=who.name)
+
+
+@router.get("")
+def list_runs(
+    session: SessionDep, who: Reader, cursor: Cursor = None, limit: Limit = 100
+) -> Page[RunPublic]:
+    """Runs by id, a page at a time."""
+    return data.page(session, cursor=cursor, limit=limit, allowed=who.datasets)
+
+
+@router.get("/{run_id}")
+def get_run(run_id: RunId, session: SessionDep, who: Reader) -> RunPublic:
+    """One run."""
+    _check_run_access(session, who, run_id)
+    return data.to_public(data.get(session, run_id), data.sources(session, run_id))
+
+
+@router.patch("/{run_id}")
+def update_run(run_id: RunId, body: RunUpdate, session: SessionDep, who: Writer) -> RunPublic:
+    """Set a run's status (a run that is no longer ``running`` stops protecting its datasets)."""
+    _check_run_access(session, who, run_id)
+    return data.set_status(session, run_id, body.status)
+
+
+@router.post(
+    "/{run_id}/checkpoints",
+    status_code=status.HTTP_201_CREATED,
+    responses={200: {"model": CheckpointPublic, "description": "same state already committed"}},
+)
+def commit_checkpoint(
+    *,
+    run_id: RunId,
+    body: CheckpointCreate,
+    request: Request,
+    response: Response,
+    session: SessionDep,
+    who: Writer,
+) -> CheckpointPublic:
+    """Commit the data position at a step: 201 new, 200 same state again, 409 otherwise."""
+    _check_run_access(session, who, run_id)
+    metric = request.app.state.metrics.checkpoint_commits
+    try:
+        checkpoint, result = checkpoints_data.commit(session, run_id, body)
+    except ConflictError:
+        metric.labels("conflict").inc()
+        raise
+    metric.labels(result.value).inc()
+    if result is checkpoints_data.CommitResult.unchanged:
+        response.status_code = status.HTTP_200_OK
+    return checkpoint
+
+
+@router.get("/{run_id}/checkpoints")
+def list_checkpoints(
+    run_id: RunId, session: SessionDep, who: Reader, cursor: Cursor = None, limit: Limit = 100
+) -> Page[CheckpointPublic]:
+    """A run's checkpoints by step."""
+    _check_run_access(session, who, run_id)
+    return checkpoints_data.page(session, run_id, cursor=cursor, limit=limit)
+
+
+@router.get("/{run_id}/checkpoints/latest")
+def latest_checkpoint(run_id: RunId, session: SessionDep, who: Reader) -> CheckpointPublic:
+    """The checkpoint with the highest step (404 when none was committed)."""
+    _check_run_access(session, who, run_id)
+    return checkpoints_data.latest(session, run_id)
+
+
+@router.get("/{run_id}/checkpoints/{step}")
+def get_checkpoint(run_id: RunId, step: Step, session: SessionDep, who: Reader) -> CheckpointPublic:
+    """The checkpoint committed at ``step``."""
+    _check_run_access(session, who, run_id)
+    return checkpoints_data.at_step(session, run_id, step)

@@ -1,0 +1,124 @@
+"""``/v1/datasets/{name}/versions``: drafts, shard batches, publish, abort, get, list."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response, status
+
+from shardstream.errors import ConflictError
+from shardstream.server.api.caching import not_modified, set_cache_headers, version_etag
+from shardstream.server.api.deps import (
+    ERRORS,
+    Cursor,
+    DatasetName,
+    Limit,
+    Reader,
+    SessionDep,
+    SettingsDep,
+    VersionNumber,
+    Writer,
+)
+from shardstream.server.data import datasets as datasets_data
+from shardstream.server.data import shards as shards_data
+from shardstream.server.data import versions as data
+from shardstream.server.stores import verify_shards
+from shardstream.wire import Page, ShardBatch, ShardBatchResult, VersionCreate, VersionPublic
+
+router = APIRouter(prefix="/v1/datasets/{name}/versions", tags=["versions"], responses=ERRORS)
+
+
+@router.post("", status_code=status.HTTP_201_CREATED)
+def create_version(
+    name: DatasetName, body: VersionCreate, session: SessionDep, who: Writer, settings: SettingsDep
+) -> VersionPublic:
+    """Open a draft version; shards are added in batches, then it is published or aborted."""
+    who.require_dataset(name)
+    dataset = datasets_data.get(session, name)
+    row = data.create_draft(
+        session, dataset, body, created_by=who.name, root=settings.resolved_storage_root
+    )
+    return data.to_public(row, name)
+
+
+@router.get("")
+def list_versions(
+    name: DatasetName, session: SessionDep, who: Reader, cursor: Cursor = None, limit: Limit = 100
+) -> Page[VersionPublic]:
+    """A dataset's versions by number, a page at a time."""
+    who.require_dataset(name)
+    return data.page(session, datasets_data.get(session, name), cursor=cursor, limit=limit)
+
+
+@router.get("/latest", response_model=VersionPublic)
+def latest_version(name: DatasetName, session: SessionDep, who: Reader) -> Any:
+    """The newest published version (404 if none is published yet)."""
+    who.require_dataset(name)
+    dataset = datasets_data.get(session, name)
+    return data.to_public(data.latest_published(session, dataset), name)
+
+
+@router.get("/{number}", response_model=VersionPublic)
+def get_version(
+    *,
+    name: DatasetName,
+    number: VersionNumber,
+    request: Request,
+    response: Response,
+    session: SessionDep,
+    who: Reader,
+) -> Any:
+    """One version; published versions carry an ETag and answer 304 to If-None-Match."""
+    who.require_dataset(name)
+    row = data.get(session, datasets_data.get(session, name), number)
+    etag = version_etag(row)
+    cached = not_modified(request, etag)
+    if cached is not None:
+        return cached
+    set_cache_headers(response, etag)
+    return data.to_public(row, name)
+
+
+@router.post("/{number}/shards")
+def add_shards(
+    name: DatasetName, number: VersionNumber, body: ShardBatch, session: SessionDep, who: Writer
+) -> ShardBatchResult:
+    """Append a batch of shards to a draft (indexes continue from its shard count)."""
+    who.require_dataset(name)
+    return data.add_shards(session, datasets_data.get(session, name), number, body)
+
+
+@router.post("/{number}/publish")
+def publish_version(
+    name: DatasetName, number: VersionNumber, request: Request, session: SessionDep, who: Writer
+) -> VersionPublic:
+    """Check every shard in storage (exists, stated size), then publish in one transaction."""
+    who.require_dataset(name)
+    dataset = datasets_data.get(session, name)
+    row = data.get(session, dataset, number)
+    if row.status == "published":
+        return data.to_public(row, name)
+    if row.status != "draft":
+        raise ConflictError(
+            f"version {number} of {name!r} is {row.status}; it cannot be published", 409
+        )
+    if row.num_shards == 0:
+        raise ConflictError(
+            f"version {number} of {name!r} has no shards; add shards before publishing", 409
+        )
+    store = request.app.state.stores.get(row.storage_root)
+    shards = ((s.key, s.stored_bytes) for s in shards_data.iter_rows(session, row.id))
+    verify_shards(store, shards, row.num_shards)
+    published = data.mark_published(session, dataset, number, num_shards=row.num_shards)
+    request.app.state.metrics.publishes.inc()
+    return data.to_public(published, name)
+
+
+@router.post("/{number}/abort")
+def abort_version(
+    name: DatasetName, number: VersionNumber, session: SessionDep, who: Writer
+) -> VersionPublic:
+    """Abort a draft (idempotent); a published version cannot be aborted (409)."""
+    who.require_dataset(name)
+    row = data.abort(session, datasets_data.get(session, name), number)
+    return data.to_public(row, name)

@@ -1,0 +1,77 @@
+"""The FastAPI application factory.
+
+``create_app(settings)`` builds everything from the settings it is given (the engine,
+migrations, stores, metrics); nothing happens at import time. ``uvicorn --factory
+shardstream.server.app:create_app`` reads the settings from the environment.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from shardstream import __version__
+from shardstream.server import handlers, migrate
+from shardstream.server.api.routes import datasets, health, runs, shards, tokens, versions
+from shardstream.server.config import Settings, get_settings
+from shardstream.server.data import datasets as datasets_data
+from shardstream.server.data import runs as runs_data
+from shardstream.server.data import versions as versions_data
+from shardstream.server.db import make_engine, make_sessionmaker
+from shardstream.server.logs import configure_logging
+from shardstream.server.metrics import MetricsMiddleware, ServerMetrics
+from shardstream.server.stores import StoreCache
+
+log = logging.getLogger("shardstream.server")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the app; ``settings`` defaults to :func:`get_settings` (the environment)."""
+    settings = settings or get_settings()
+    configure_logging(settings.log_level, json_format=settings.log_json)
+    engine = make_engine(settings.resolved_database_url, pool_size=settings.db_pool_size)
+    if settings.migrate_on_start:
+        migrate.upgrade(engine)
+    factory = make_sessionmaker(engine)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        log.info(
+            "server ready", extra={"database": engine.url.render_as_string(hide_password=True)}
+        )
+        yield
+        engine.dispose()
+
+    app = FastAPI(
+        title="shardstream",
+        version=__version__,
+        description="Metadata service: datasets, immutable versions, shard index, runs, "
+        "checkpoints, tokens, presigned shard URLs.",
+        lifespan=lifespan,
+    )
+    app.dependency_overrides[get_settings] = lambda: settings
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.sessionmaker = factory
+    app.state.stores = StoreCache()
+    metrics = ServerMetrics()
+
+    def entity_counts() -> dict[str, dict[str, int]]:
+        with factory() as session:
+            return {
+                "datasets": {"all": datasets_data.count(session)},
+                "versions": versions_data.count_by_status(session),
+                "runs": runs_data.count_by_status(session),
+            }
+
+    metrics.add_entity_collector(entity_counts)
+    app.state.metrics = metrics
+    handlers.install(app)
+    for module in (datasets, versions, shards, runs, tokens):
+        app.include_router(module.router)
+    app.include_router(health.router)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    return app

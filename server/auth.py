@@ -1,0 +1,98 @@
+"""Bearer-token authentication and scope checks.
+
+Secrets are ``ss_`` + 43 URL-safe random characters (256 bits), so a plain sha256 of the
+secret is a safe stored form (no salt or slow hash needed against guessing). The bootstrap
+admin secret from ``SHARDSTREAM_ADMIN_TOKEN`` is never stored; requests carrying it are
+compared by hash in constant time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+
+from shardstream.errors import AuthenticationError, PermissionDeniedError
+from shardstream.server.models import TokenRow
+from shardstream.wire import Scope
+
+_RANK = {Scope.read: 0, Scope.write: 1, Scope.admin: 2}
+SECRET_PREFIX = "ss_"
+
+
+def new_secret() -> str:
+    """A fresh high-entropy token secret."""
+    return SECRET_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_secret(secret: str) -> str:
+    """The stored form of a secret (sha256 hex)."""
+    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: a token's name, its best scope and its dataset allow-list."""
+
+    name: str
+    scope: Scope
+    datasets: frozenset[str] | None = None  # None: every dataset
+
+    def require(self, scope: Scope) -> None:
+        """Raise 403 unless this token's scope includes ``scope``."""
+        if _RANK[self.scope] < _RANK[scope]:
+            raise PermissionDeniedError(
+                f"token {self.name!r} has scope {self.scope.value!r}; this request needs "
+                f"{scope.value!r}",
+                403,
+            )
+
+    def can_see(self, dataset: str) -> bool:
+        """Whether the allow-list admits ``dataset``."""
+        return self.datasets is None or dataset in self.datasets
+
+    def require_dataset(self, dataset: str) -> None:
+        """Raise 403 if ``dataset`` is outside this token's allow-list."""
+        if not self.can_see(dataset):
+            raise PermissionDeniedError(
+                f"token {self.name!r} is not allowed to access dataset {dataset!r}", 403
+            )
+
+
+def best_scope(scopes: str) -> Scope:
+    """The highest scope in a comma-separated scope list."""
+    found = [Scope(s) for s in scopes.split(",") if s]
+    return max(found, key=lambda s: _RANK[s]) if found else Scope.read
+
+
+def bearer_secret(header: str | None) -> str:
+    """Extract the secret from an ``Authorization: Bearer ...`` header, or raise 401."""
+    if not header:
+        raise AuthenticationError(
+            "missing token: send 'Authorization: Bearer <token>' (set SHARDSTREAM_TOKEN)", 401
+        )
+    kind, _, secret = header.partition(" ")
+    if kind.lower() != "bearer" or not secret.strip():
+        raise AuthenticationError("the Authorization header must be 'Bearer <token>'", 401)
+    return secret.strip()
+
+
+def matches_admin_secret(secret: str, admin_secret: str | None) -> bool:
+    """Constant-time comparison with the bootstrap admin secret."""
+    if not admin_secret:
+        return False
+    return hmac.compare_digest(hash_secret(secret), hash_secret(admin_secret))
+
+
+def principal_for(row: TokenRow | None, now: datetime) -> Principal:
+    """Turn a looked-up token row into a Principal, or raise 401."""
+    if row is None:
+        raise AuthenticationError("unknown token: check SHARDSTREAM_TOKEN", 401)
+    if row.revoked_at is not None:
+        raise AuthenticationError(f"token {row.name!r} was revoked", 401)
+    if row.expires_at is not None and row.expires_at <= now:
+        raise AuthenticationError(f"token {row.name!r} expired at {row.expires_at}", 401)
+    datasets = frozenset(row.datasets) if row.datasets is not None else None
+    return Principal(name=row.name, scope=best_scope(row.scopes), datasets=datasets)

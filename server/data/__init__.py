@@ -1,0 +1,25 @@
+"""The data layer: every query lives here, one module per entity; routes never query.
+
+Functions take a :class:`~sqlalchemy.orm.Session`, raise :mod:`shardstream.errors`
+exceptions (with the HTTP status in ``status``) and leave committing to the caller's
+session scope, so one request is one transaction.
+"""
+
+from __future__ import annotations
+
+from shardstream.errors import RequestValidationError
+
+
+def decode_cursor(cursor: str | None, *, what: str = "cursor") -> int | None:
+    """Parse an integer keyset cursor (None: first page), or raise 422."""
+    if cursor is None or cursor == "":
+        return None
+    try:
+        value = int(cursor)
+    except ValueError:
+        value = -1
+    if not 0 <= value < 2**62:
+        raise RequestValidationError(
+            f"query.{what}: {cursor!r} is not a cursor returned by this endpoint", 422
+        )
+    return value

@@ -1,0 +1,115 @@
+"""Checkpoint queries: monotonic, idempotent commits of a run's data position."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from shardstream.errors import ConflictError, NotFoundError
+from shardstream.server.models import CheckpointRow, utcnow
+from shardstream.wire import CheckpointCreate, CheckpointPublic, Page
+
+from . import decode_cursor
+from . import runs as runs_data
+
+
+class CommitResult(str, Enum):
+    """What a commit did (also the metric label)."""
+
+    created = "created"
+    unchanged = "unchanged"
+
+
+def to_public(row: CheckpointRow) -> CheckpointPublic:
+    """A checkpoint row as the API returns it."""
+    return CheckpointPublic.model_validate(row)
+
+
+def _same_state(row: CheckpointRow, body: CheckpointCreate) -> bool:
+    return (row.epoch, row.sample_in_epoch, row.plan) == (
+        body.epoch,
+        body.sample_in_epoch,
+        body.plan,
+    )
+
+
+def commit(
+    session: Session, run_id: int, body: CheckpointCreate
+) -> tuple[CheckpointPublic, CommitResult]:
+    """Commit ``body`` at its step.
+
+    The run row is locked (PostgreSQL ``FOR UPDATE``) so concurrent commits of one run
+    are serialized. Re-committing a step with the same state returns it unchanged; with a
+    different state, or a step below the latest, is a 409.
+    """
+    run = runs_data.get(session, run_id, lock=True)
+    existing = session.get(CheckpointRow, (run_id, body.step))
+    if existing is not None:
+        if _same_state(existing, body):
+            return to_public(existing), CommitResult.unchanged
+        raise ConflictError(
+            f"run {run_id} already has a checkpoint at step {body.step} with another state "
+            f"(epoch {existing.epoch}, sample_in_epoch {existing.sample_in_epoch}); a step's "
+            "state cannot change",
+            409,
+        )
+    if run.latest_step is not None and body.step < run.latest_step:
+        raise ConflictError(
+            f"step {body.step} is lower than run {run_id}'s latest committed step "
+            f"{run.latest_step}; steps must increase (resume from step {run.latest_step} or "
+            "start a new run)",
+            409,
+        )
+    row = CheckpointRow(
+        run_id=run_id,
+        step=body.step,
+        epoch=body.epoch,
+        sample_in_epoch=body.sample_in_epoch,
+        plan=body.plan,
+        created_at=utcnow(),
+    )
+    session.add(row)
+    run.latest_step = body.step
+    run.updated_at = row.created_at
+    session.flush()
+    return to_public(row), CommitResult.created
+
+
+def at_step(session: Session, run_id: int, step: int) -> CheckpointPublic:
+    """The checkpoint at ``step``, or 404."""
+    runs_data.get(session, run_id)
+    row = session.get(CheckpointRow, (run_id, step))
+    if row is None:
+        raise NotFoundError(f"run {run_id} has no checkpoint at step {step}", 404)
+    return to_public(row)
+
+
+def latest(session: Session, run_id: int) -> CheckpointPublic:
+    """The checkpoint with the highest step, or 404 when none was committed."""
+    runs_data.get(session, run_id)
+    row = session.scalars(
+        select(CheckpointRow)
+        .where(CheckpointRow.run_id == run_id)
+        .order_by(CheckpointRow.step.desc())
+        .limit(1)
+    ).first()
+    if row is None:
+        raise NotFoundError(f"run {run_id} has no checkpoints yet", 404)
+    return to_public(row)
+
+
+def page(
+    session: Session, run_id: int, *, cursor: str | None, limit: int
+) -> Page[CheckpointPublic]:
+    """A page of a run's checkpoints by step."""
+    runs_data.get(session, run_id)
+    after = decode_cursor(cursor)
+    query = select(CheckpointRow).where(CheckpointRow.run_id == run_id)
+    if after is not None:
+        query = query.where(CheckpointRow.step > after)
+    rows = session.scalars(query.order_by(CheckpointRow.step).limit(limit + 1)).all()
+    items = [to_public(r) for r in rows[:limit]]
+    nxt = str(items[-1].step) if len(rows) > limit else None
+    return Page[CheckpointPublic](items=items, next_cursor=nxt)

@@ -1,0 +1,138 @@
+"""Run queries."""
+
+from __future__ import annotations
+
+from sqlalchemy import exists, func, select
+from sqlalchemy.orm import Session
+
+from shardstream.errors import ConflictError, NotFoundError
+from shardstream.server.models import DatasetRow, RunRow, RunSourceRow, VersionRow, utcnow
+from shardstream.wire import Page, RunCreate, RunPublic, RunSource, RunStatus
+
+from . import decode_cursor
+
+
+def get(session: Session, run_id: int, *, lock: bool = False) -> RunRow:
+    """The run with ``run_id``, or 404; ``lock`` takes a row lock (PostgreSQL)."""
+    query = select(RunRow).where(RunRow.id == run_id)
+    if lock:
+        query = query.with_for_update()
+    row = session.scalars(query).first()
+    if row is None:
+        raise NotFoundError(f"run {run_id} not found", 404)
+    return row
+
+
+def sources(session: Session, run_id: int) -> list[RunSourceRow]:
+    """The versions a run reads, in order."""
+    return list(
+        session.scalars(
+            select(RunSourceRow)
+            .where(RunSourceRow.run_id == run_id)
+            .order_by(RunSourceRow.position)
+        )
+    )
+
+
+def to_public(row: RunRow, srcs: list[RunSourceRow]) -> RunPublic:
+    """A run as the API returns it."""
+    return RunPublic(
+        id=row.id,
+        name=row.name,
+        sources=[RunSource(dataset=s.dataset, version=s.version, weight=s.weight) for s in srcs],
+        seed=row.seed,
+        global_batch_size=row.global_batch_size,
+        plan=row.plan,
+        status=RunStatus(row.status),
+        created_by=row.created_by,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+def create(session: Session, body: RunCreate, *, created_by: str) -> RunPublic:
+    """Register a run; every source must be a published version (404/409 otherwise)."""
+    resolved: list[tuple[RunSource, int]] = []
+    for src in body.sources:
+        found = session.execute(
+            select(VersionRow.id, VersionRow.status)
+            .join(DatasetRow, DatasetRow.id == VersionRow.dataset_id)
+            .where(DatasetRow.name == src.dataset, VersionRow.number == src.version)
+        ).first()
+        if found is None:
+            raise NotFoundError(f"dataset {src.dataset!r} has no version {src.version}", 404)
+        if found[1] != "published":
+            raise ConflictError(
+                f"version {src.version} of {src.dataset!r} is {found[1]}; runs can only read "
+                "published versions",
+                409,
+            )
+        resolved.append((src, found[0]))
+    now = utcnow()
+    row = RunRow(
+        name=body.name,
+        seed=body.seed,
+        global_batch_size=body.global_batch_size,
+        plan=body.plan,
+        status="running",
+        created_by=created_by,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(row)
+    session.flush()
+    srcs = [
+        RunSourceRow(
+            run_id=row.id,
+            position=i,
+            dataset=src.dataset,
+            version=src.version,
+            version_id=vid,
+            weight=src.weight,
+        )
+        for i, (src, vid) in enumerate(resolved)
+    ]
+    session.add_all(srcs)
+    session.flush()
+    return to_public(row, srcs)
+
+
+def set_status(session: Session, run_id: int, status: RunStatus) -> RunPublic:
+    """Change a run's status."""
+    row = get(session, run_id, lock=True)
+    row.status = status.value
+    row.updated_at = utcnow()
+    session.flush()
+    return to_public(row, sources(session, run_id))
+
+
+def page(
+    session: Session, *, cursor: str | None, limit: int, allowed: frozenset[str] | None
+) -> Page[RunPublic]:
+    """A page of runs by id; a restricted token sees runs reading only its datasets."""
+    after = decode_cursor(cursor) or 0
+    query = select(RunRow).where(RunRow.id > after).order_by(RunRow.id).limit(limit + 1)
+    if allowed is not None:
+        outside = exists().where(
+            RunSourceRow.run_id == RunRow.id, RunSourceRow.dataset.not_in(sorted(allowed))
+        )
+        query = query.where(~outside)
+    rows = session.scalars(query).all()[: limit + 1]
+    shown = rows[:limit]
+    by_run: dict[int, list[RunSourceRow]] = {r.id: [] for r in shown}
+    if shown:
+        for src in session.scalars(
+            select(RunSourceRow)
+            .where(RunSourceRow.run_id.in_(list(by_run)))
+            .order_by(RunSourceRow.run_id, RunSourceRow.position)
+        ):
+            by_run[src.run_id].append(src)
+    items = [to_public(r, by_run[r.id]) for r in shown]
+    nxt = str(shown[-1].id) if len(rows) > limit else None
+    return Page[RunPublic](items=items, next_cursor=nxt)
+
+
+def count_by_status(session: Session) -> dict[str, int]:
+    """Number of runs per status (for metrics)."""
+    rows = session.execute(select(RunRow.status, func.count()).group_by(RunRow.status))
+    return {status: int(n) for status, n in rows}

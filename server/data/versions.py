@@ -1,0 +1,265 @@
+"""Version queries: drafts, shard batches, publish and abort."""
+
+from __future__ import annotations
+
+from sqlalchemy import delete, func, insert, select
+from sqlalchemy.orm import Session
+
+from shardstream.errors import ConflictError, NotFoundError, RequestValidationError
+from shardstream.server.models import DatasetRow, ShardRow, VersionRow, utcnow
+from shardstream.wire import (
+    Page,
+    ShardBatch,
+    ShardBatchResult,
+    ShardRecord,
+    VersionCreate,
+    VersionPublic,
+)
+
+from . import decode_cursor
+
+_URL_SCHEMES = ("s3://", "file:///", "http://", "https://")
+
+
+def normalize_storage_root(root: str) -> str:
+    """Check a storage root URL and strip trailing slashes, or raise 422."""
+    root = root.strip()
+    if "\x00" in root or any(ord(c) < 32 for c in root):
+        raise RequestValidationError("body.storage_root: control characters are not allowed", 422)
+    if root.startswith("/"):
+        root = "file://" + root
+    if not root.startswith(_URL_SCHEMES) or root.rstrip("/") in ("s3:", "file:", "http:", "https:"):
+        raise RequestValidationError(
+            f"body.storage_root: {root!r} is not a storage URL; use s3://bucket/prefix, "
+            "file:///absolute/dir or an absolute path",
+            422,
+        )
+    if any(part in (".", "..") for part in root.split("://", 1)[1].split("/")):
+        raise RequestValidationError(
+            f"body.storage_root: {root!r} contains '.' or '..' segments", 422
+        )
+    return root.rstrip("/") if root.rstrip("/") != "file://" else "file:///"
+
+
+def to_public(row: VersionRow, dataset: str) -> VersionPublic:
+    """A version row as returned by the API."""
+    return VersionPublic.model_validate(
+        {**{c: getattr(row, c) for c in _PUBLIC_COLUMNS}, "dataset": dataset}
+    )
+
+
+_PUBLIC_COLUMNS = [c for c in VersionPublic.model_fields if c != "dataset"]
+
+
+def get(session: Session, dataset: DatasetRow, number: int, *, lock: bool = False) -> VersionRow:
+    """Version ``number`` of ``dataset``, or 404; ``lock`` takes a row lock (PostgreSQL)."""
+    query = select(VersionRow).where(
+        VersionRow.dataset_id == dataset.id, VersionRow.number == number
+    )
+    if lock:
+        query = query.with_for_update()
+    row = session.scalars(query).first()
+    if row is None:
+        raise NotFoundError(f"dataset {dataset.name!r} has no version {number}", 404)
+    return row
+
+
+def latest_published(session: Session, dataset: DatasetRow) -> VersionRow:
+    """The newest published version of ``dataset``, or 404."""
+    row = session.scalars(
+        select(VersionRow)
+        .where(VersionRow.dataset_id == dataset.id, VersionRow.status == "published")
+        .order_by(VersionRow.number.desc())
+        .limit(1)
+    ).first()
+    if row is None:
+        raise NotFoundError(f"dataset {dataset.name!r} has no published version yet", 404)
+    return row
+
+
+def create_draft(
+    session: Session, dataset: DatasetRow, body: VersionCreate, *, created_by: str, root: str
+) -> VersionRow:
+    """Open the next-numbered draft; ``root`` is the server's default storage root."""
+    number = (
+        session.scalar(
+            select(func.max(VersionRow.number)).where(VersionRow.dataset_id == dataset.id)
+        )
+        or 0
+    ) + 1
+    storage_root = (
+        normalize_storage_root(body.storage_root)
+        if body.storage_root is not None
+        else f"{root}/{dataset.name}/v{number}"
+    )
+    row = VersionRow(
+        dataset_id=dataset.id,
+        number=number,
+        status="draft",
+        columns=dict(body.columns),
+        storage_root=storage_root,
+        builder_config=body.builder_config,
+        lineage=body.lineage,
+        created_by=created_by,
+        num_shards=0,
+        total_samples=0,
+        total_bytes=0,
+        total_raw_bytes=0,
+    )
+    session.add(row)
+    session.flush()
+    return row
+
+
+def page(
+    session: Session, dataset: DatasetRow, *, cursor: str | None, limit: int
+) -> Page[VersionPublic]:
+    """A page of a dataset's versions, by number."""
+    after = decode_cursor(cursor) or 0
+    rows = session.scalars(
+        select(VersionRow)
+        .where(VersionRow.dataset_id == dataset.id, VersionRow.number > after)
+        .order_by(VersionRow.number)
+        .limit(limit + 1)
+    ).all()
+    items = [to_public(r, dataset.name) for r in rows[:limit]]
+    nxt = str(items[-1].number) if len(rows) > limit else None
+    return Page[VersionPublic](items=items, next_cursor=nxt)
+
+
+def _require_draft(row: VersionRow, dataset: str, action: str) -> None:
+    if row.status != "draft":
+        raise ConflictError(
+            f"cannot {action} version {row.number} of {dataset!r}: it is {row.status}; "
+            "published versions are immutable, create a new draft instead",
+            409,
+        )
+
+
+def _same(row: ShardRow, rec: ShardRecord) -> bool:
+    return (row.key, row.samples, row.raw_bytes, row.stored_bytes, row.compression) == (
+        rec.key,
+        rec.samples,
+        rec.raw_bytes,
+        rec.stored_bytes,
+        rec.compression,
+    ) and dict(row.hashes) == rec.hashes
+
+
+def add_shards(
+    session: Session, dataset: DatasetRow, number: int, batch: ShardBatch
+) -> ShardBatchResult:
+    """Append a batch of shards to a draft.
+
+    Indexes must be consecutive and continue from the draft's shard count; a batch that
+    repeats already-registered shards identically is accepted (a retried request).
+    """
+    row = get(session, dataset, number, lock=True)
+    _require_draft(row, dataset.name, "add shards to")
+    shards = batch.shards
+    first = shards[0].index
+    for offset, rec in enumerate(shards):
+        if rec.index != first + offset:
+            raise RequestValidationError(
+                f"body.shards[{offset}].index: expected {first + offset} (indexes in a batch "
+                f"must be consecutive), got {rec.index}",
+                422,
+            )
+    keys = [s.key for s in shards]
+    if len(set(keys)) != len(keys):
+        dup = next(k for k in keys if keys.count(k) > 1)
+        raise RequestValidationError(f"body.shards: key {dup!r} appears twice in the batch", 422)
+    if first > row.num_shards:
+        raise ConflictError(
+            f"shard index {first} skips ahead: the draft holds {row.num_shards} shards, so the "
+            f"next batch must start at index {row.num_shards}",
+            409,
+        )
+    existing_end = min(row.num_shards, first + len(shards))
+    if first < row.num_shards:  # a retry: the overlapping part must match exactly
+        stored = session.scalars(
+            select(ShardRow)
+            .where(
+                ShardRow.version_id == row.id, ShardRow.idx >= first, ShardRow.idx < existing_end
+            )
+            .order_by(ShardRow.idx)
+        ).all()
+        for old, rec in zip(stored, shards, strict=False):
+            if not _same(old, rec):
+                raise ConflictError(
+                    f"shard index {rec.index} is already registered with different content "
+                    f"(key {old.key!r}); the next new index is {row.num_shards}",
+                    409,
+                )
+    new = shards[existing_end - first :]
+    if new:
+        taken = session.scalars(
+            select(ShardRow.key).where(
+                ShardRow.version_id == row.id, ShardRow.key.in_([s.key for s in new])
+            )
+        ).first()
+        if taken is not None:
+            raise ConflictError(f"shard key {taken!r} is already registered in this draft", 409)
+        session.execute(
+            insert(ShardRow),
+            [
+                {
+                    "version_id": row.id,
+                    "idx": s.index,
+                    "key": s.key,
+                    "samples": s.samples,
+                    "raw_bytes": s.raw_bytes,
+                    "stored_bytes": s.stored_bytes,
+                    "compression": s.compression,
+                    "hashes": s.hashes,
+                    "mds": s.mds,
+                }
+                for s in new
+            ],
+        )
+        row.num_shards += len(new)
+        row.total_samples += sum(s.samples for s in new)
+        row.total_bytes += sum(s.stored_bytes for s in new)
+        row.total_raw_bytes += sum(s.raw_bytes for s in new)
+    session.flush()
+    return ShardBatchResult(
+        num_shards=row.num_shards, total_samples=row.total_samples, total_bytes=row.total_bytes
+    )
+
+
+def mark_published(
+    session: Session, dataset: DatasetRow, number: int, *, num_shards: int
+) -> VersionRow:
+    """Flip a checked draft to published; 409 if it changed since it was checked."""
+    row = get(session, dataset, number, lock=True)
+    if row.status == "published":
+        return row
+    _require_draft(row, dataset.name, "publish")
+    if row.num_shards != num_shards:
+        raise ConflictError(
+            f"version {number} of {dataset.name!r} gained shards while it was being checked; "
+            "publish again",
+            409,
+        )
+    row.status = "published"
+    row.published_at = utcnow()
+    session.flush()
+    return row
+
+
+def abort(session: Session, dataset: DatasetRow, number: int) -> VersionRow:
+    """Abort a draft (idempotent); its shard rows are dropped, the objects are left alone."""
+    row = get(session, dataset, number, lock=True)
+    if row.status == "aborted":
+        return row
+    _require_draft(row, dataset.name, "abort")
+    row.status = "aborted"
+    session.execute(delete(ShardRow).where(ShardRow.version_id == row.id))
+    session.flush()
+    return row
+
+
+def count_by_status(session: Session) -> dict[str, int]:
+    """Number of versions per status (for metrics)."""
+    rows = session.execute(select(VersionRow.status, func.count()).group_by(VersionRow.status))
+    return {status: int(n) for status, n in rows}

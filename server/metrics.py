@@ -1,0 +1,116 @@
+"""Prometheus metrics with a registry per app (several apps can live in one process).
+
+Request counts and latency are labelled by route *template* (``/v1/datasets/{name}``),
+never by raw path, so label cardinality stays bounded. Entity gauges are read from the
+database at scrape time, so every replica reports the same totals.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+access_log = logging.getLogger("shardstream.server.access")
+_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class ServerMetrics:
+    """The metrics of one app."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "shardstream_http_requests",
+            "HTTP requests by method, route template and status",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "shardstream_http_request_duration_seconds",
+            "HTTP request latency by method and route template",
+            ["method", "route"],
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.checkpoint_commits = Counter(
+            "shardstream_checkpoint_commits",
+            "checkpoint commits by result (created, unchanged, conflict)",
+            ["result"],
+            registry=self.registry,
+        )
+        self.publishes = Counter(
+            "shardstream_version_publishes", "versions published", registry=self.registry
+        )
+
+    def add_entity_collector(self, counts: Callable[[], dict[str, dict[str, int]]]) -> None:
+        """Register gauges fed by ``counts()`` -> {entity: {status: n}} at scrape time."""
+        self.registry.register(_EntityCollector(counts))
+
+
+class _EntityCollector:
+    def __init__(self, counts: Callable[[], dict[str, dict[str, int]]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            counts = self._counts()
+        except Exception:  # a scrape must not fail because the database blinked
+            return
+        for entity, by_status in counts.items():
+            gauge = GaugeMetricFamily(
+                f"shardstream_{entity}", f"number of {entity} by status", labels=["status"]
+            )
+            for status, n in sorted(by_status.items()):
+                gauge.add_metric([status], n)
+            yield gauge
+
+    def describe(self) -> list[Metric]:
+        return []
+
+
+class MetricsMiddleware:
+    """Pure ASGI middleware timing every HTTP request (cheaper than BaseHTTPMiddleware)."""
+
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route: Any = scope.get("route")
+            template = getattr(route, "path", None) or "<unmatched>"
+            method = scope.get("method", "")
+            elapsed = time.perf_counter() - start
+            self.metrics.requests.labels(method, template, str(status)).inc()
+            self.metrics.latency.labels(method, template).observe(elapsed)
+            if access_log.isEnabledFor(logging.INFO):
+                access_log.info(
+                    "request",
+                    extra={
+                        "method": method,
+                        "path": scope.get("path", ""),
+                        "route": template,
+                        "status": status,
+                        "duration_ms": round(elapsed * 1000, 3),
+                    },
+                )

@@ -1,0 +1,48 @@
+"""Apply the packaged alembic migrations to a database.
+
+Used by ``shardstream server migrate`` and at server start (``SHARDSTREAM_MIGRATE_ON_START``).
+On PostgreSQL an advisory lock serializes concurrent migrators, so several replicas or
+workers starting at once never race each other.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, text
+
+_MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+_LOCK_ID = 0x5348_4152_4453  # arbitrary, constant: "SHARDS"
+
+
+def alembic_config() -> Config:
+    """The alembic configuration pointing at the packaged migration scripts."""
+    cfg = Config(str(_MIGRATIONS / "alembic.ini"))
+    cfg.set_main_option("script_location", str(_MIGRATIONS))
+    cfg.set_main_option("version_locations", str(_MIGRATIONS / "versions"))
+    return cfg
+
+
+def head_revision() -> str | None:
+    """The newest migration revision shipped with this package."""
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The revision the database is at (None: never migrated)."""
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Migrate the database behind ``engine`` to ``revision``."""
+    cfg = alembic_config()
+    with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": _LOCK_ID})
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)

@@ -1,0 +1,164 @@
+"""Table models (SQLAlchemy 2 declarative), separate from the wire schema.
+
+Schema changes go through an alembic migration in ``server/migrations/versions``; a test
+checks that the migrations and these models agree.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC."""
+    return datetime.now(timezone.utc)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp stored as UTC and always read back timezone-aware (SQLite drops tz)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is not None:
+            value = value.astimezone(timezone.utc)
+            if dialect.name == "sqlite":
+                value = value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return value
+
+
+class Base(DeclarativeBase):
+    """Declarative base of every table."""
+
+    type_annotation_map = {dict[str, Any]: JSON, datetime: UTCDateTime}
+
+
+class TokenRow(Base):
+    """An API token; only the sha256 of its secret is stored."""
+
+    __tablename__ = "tokens"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128))
+    prefix: Mapped[str] = mapped_column(String(16))
+    secret_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    scopes: Mapped[str] = mapped_column(String(64))  # comma-separated
+    datasets: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class DatasetRow(Base):
+    """A named dataset."""
+
+    __tablename__ = "datasets"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    owner: Mapped[str] = mapped_column(String(256), default="")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class VersionRow(Base):
+    """A dataset version: a draft, then published (immutable) or aborted."""
+
+    __tablename__ = "versions"
+    __table_args__ = (UniqueConstraint("dataset_id", "number", name="uq_versions_dataset_number"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"))
+    number: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16), default="draft")
+    columns: Mapped[dict[str, Any]] = mapped_column(JSON)
+    storage_root: Mapped[str] = mapped_column(Text)
+    builder_config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    lineage: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    published_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    num_shards: Mapped[int] = mapped_column(BigInteger, default=0)
+    total_samples: Mapped[int] = mapped_column(BigInteger, default=0)
+    total_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    total_raw_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class ShardRow(Base):
+    """One shard of a version, at position ``idx``."""
+
+    __tablename__ = "shards"
+    __table_args__ = (Index("ix_shards_version_key", "version_id", "key", unique=True),)
+    version_id: Mapped[int] = mapped_column(
+        ForeignKey("versions.id", ondelete="CASCADE"), primary_key=True
+    )
+    idx: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    key: Mapped[str] = mapped_column(String(1024))
+    samples: Mapped[int] = mapped_column(BigInteger)
+    raw_bytes: Mapped[int] = mapped_column(BigInteger)
+    stored_bytes: Mapped[int] = mapped_column(BigInteger)
+    compression: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    hashes: Mapped[dict[str, Any]] = mapped_column(JSON)
+    mds: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+
+
+class RunRow(Base):
+    """A training run."""
+
+    __tablename__ = "runs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    seed: Mapped[int] = mapped_column(BigInteger)
+    global_batch_size: Mapped[int] = mapped_column(BigInteger)
+    plan: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), default="running")
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    latest_step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class RunSourceRow(Base):
+    """A version a run reads; names are kept even if the version is force-deleted."""
+
+    __tablename__ = "run_sources"
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    dataset: Mapped[str] = mapped_column(String(128), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    version_id: Mapped[int | None] = mapped_column(
+        ForeignKey("versions.id", ondelete="SET NULL"), nullable=True, index=True
+    )
+    weight: Mapped[float] = mapped_column(Float)
+
+
+class CheckpointRow(Base):
+    """A run's data position at a step."""
+
+    __tablename__ = "checkpoints"
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    sample_in_epoch: Mapped[int] = mapped_column(BigInteger)
+    plan: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
