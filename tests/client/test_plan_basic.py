@@ -1,0 +1,71 @@
+"""Basic contract checks of the epoch plan: interface, exactly-once, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shardstream.client.plan import EpochPlan, PlanConfig, SourceSpec
+from shardstream.errors import PlanError
+
+
+def test_exports() -> None:
+    import shardstream.client.plan as plan
+
+    assert plan.__all__ == sorted(plan.__all__)
+    assert {"EpochPlan", "PlanConfig", "SourceSpec"} <= set(plan.__all__)
+
+
+def test_small_plan_is_exactly_once_for_every_world_size() -> None:
+    cfg = PlanConfig(seed=3, global_batch_size=8, num_partitions=4)
+    plan = EpochPlan([SourceSpec(shard_sizes=np.array([10, 10, 12]))], cfg, epoch=1)
+    assert plan.num_batches == 4
+    order = plan.global_batches(0, plan.num_batches)
+    assert sorted(order.tolist()) == list(range(32))
+    for world in (1, 2, 4, 8):
+        got = np.concatenate(
+            [plan.rank_batch(b, r, world) for b in range(plan.num_batches) for r in range(world)]
+        )
+        assert got.tolist() == order.tolist()
+
+
+def test_locate_splits_ids() -> None:
+    cfg = PlanConfig(global_batch_size=2)
+    plan = EpochPlan([SourceSpec(shard_sizes=np.array([3, 0, 5]))], cfg)
+    shard, idx = plan.locate(np.array([0, 2, 3, 7]))
+    assert shard.tolist() == [0, 0, 2, 2]
+    assert idx.tolist() == [0, 2, 0, 4]
+    with pytest.raises(PlanError, match="sample ids"):
+        plan.locate([8])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"global_batch_size": 10, "num_partitions": 4}, "not divisible by num_partitions"),
+        ({"global_batch_size": 0}, "global_batch_size must be >= 1"),
+        ({"global_batch_size": 8, "tail": "keep"}, "tail must be"),
+        ({"global_batch_size": 8, "window": 0}, "window must be >= 1"),
+    ],
+)
+def test_config_validation(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(PlanError, match=match):
+        PlanConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_world_size_must_fit_partitions() -> None:
+    cfg = PlanConfig(global_batch_size=24, num_partitions=4)
+    plan = EpochPlan([SourceSpec(shard_sizes=np.array([50, 50]))], cfg)
+    with pytest.raises(PlanError, match="one must divide"):
+        plan.rank_batch(0, 0, 3)
+
+
+def test_batch_larger_than_data() -> None:
+    cfg = PlanConfig(global_batch_size=64)
+    with pytest.raises(PlanError, match="fewer than one global batch"):
+        EpochPlan([SourceSpec(shard_sizes=np.array([10]))], cfg)
+    padded = EpochPlan(
+        [SourceSpec(shard_sizes=np.array([10]))], PlanConfig(global_batch_size=64, tail="pad")
+    )
+    assert padded.num_batches == 1
+    assert sorted(set(padded.rank_batch(0, 0, 1).tolist())) == list(range(10))
