@@ -24,6 +24,7 @@ from shardstream.errors import ConfigError, CorruptShardError, FormatError
 _LEVELS = {"zstd": range(1, 23), "gz": range(10), "bz2": range(1, 10)}
 _DEFAULT_LEVEL = {"zstd": 3, "gz": 9, "bz2": 9}
 _WRITABLE = ("zstd",)
+_CHUNK = 8 << 20
 
 
 def check_compression(name: str | None, *, writing: bool) -> str | None:
@@ -59,15 +60,25 @@ def compress(name: str, data: bytes | memoryview) -> bytes:
     return zstandard.ZstdCompressor(level=lvl, threads=1).compress(data)
 
 
-def _open_decompressed(family: str, src: IO[bytes]) -> IO[bytes]:
-    if family == "gz":
-        gz: IO[bytes] = gzip.GzipFile(fileobj=src, mode="rb")  # type: ignore[assignment]
-        return gz
-    if family == "bz2":
-        return bz2.BZ2File(src, "rb")
-    # A stream reader decodes frames with or without a recorded content size.
-    reader: IO[bytes] = zstandard.ZstdDecompressor().stream_reader(src, read_across_frames=True)
-    return reader
+def _copy_decompressed(family: str, src: IO[bytes], dst: IO[bytes]) -> None:
+    if family in ("gz", "bz2"):
+        opened = gzip.GzipFile(fileobj=src) if family == "gz" else bz2.BZ2File(src)
+        with opened as stream:  # both raise EOFError on truncated input
+            shutil.copyfileobj(stream, dst, _CHUNK)
+        return
+    # Frame by frame, so that a truncated last frame is an error, not a short file.
+    dctx = zstandard.ZstdDecompressor()
+    obj = dctx.decompressobj()
+    started = False
+    while chunk := src.read(_CHUNK):
+        while chunk:
+            started = True
+            dst.write(obj.decompress(chunk))
+            chunk = obj.unused_data if obj.eof else b""
+            if obj.eof:
+                obj, started = dctx.decompressobj(), False
+    if started or dst.tell() == 0:
+        raise EOFError("the last zstd frame is incomplete")
 
 
 def decompress_shard(
@@ -87,8 +98,7 @@ def decompress_shard(
     fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
     try:
         with open(src, "rb") as fin, os.fdopen(fd, "wb") as fout:
-            with _open_decompressed(compression_extension(compression), fin) as stream:
-                shutil.copyfileobj(stream, fout, 8 << 20)
+            _copy_decompressed(compression_extension(compression), fin, fout)
             size = fout.tell()
         if expected_size is not None and size != expected_size:
             raise CorruptShardError(
@@ -107,18 +117,3 @@ def decompress_shard(
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def decompress_bytes(compression: str, data: bytes, *, what: str) -> bytes:
-    """Decompress a whole shard held in memory; ``what`` names it in errors."""
-    family = compression_extension(compression)
-    try:
-        if family == "gz":
-            return gzip.decompress(data)
-        if family == "bz2":
-            return bz2.decompress(data)
-        return zstandard.ZstdDecompressor().decompressobj().decompress(data)
-    except (zstandard.ZstdError, OSError, EOFError, zlib.error) as exc:
-        raise CorruptShardError(
-            f"{what}: the {compression} data does not decompress ({exc})"
-        ) from exc
