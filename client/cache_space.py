@@ -1,0 +1,257 @@
+"""Internal to :mod:`shardstream.client.cache`: the size limit and least-recently-used eviction.
+
+Bytes enter the cache only through a *reservation*: before a download starts, its
+declared size is added under the node-wide space lock (``<root>/usage``, an ``flock``),
+evicting least recently used shards first if the limit would be crossed, and the
+download's private ``tmp/<name>.<size>.<pid>/`` folder is created under the same lock.
+So concurrent downloads on a node cannot overshoot the limit together.
+
+The running total lives in the lock file as a *hint* (``<bytes> <time of last scan>``).
+It is a cache of a directory scan, never the truth: when it is missing, unparsable,
+older than ``rescan_interval_s``, or says the limit would be crossed, the scan recomputes
+it (``data/`` sizes plus the declared sizes of live downloads). The hint only ever errs
+high (a crashed download's reservation), which costs an early scan, never an overshoot.
+Hits never touch it: the lock is taken on misses only.
+
+Eviction walks ``data/`` oldest ``mtime`` first (hits refresh it) and deletes a file only
+under an exclusive, non-blocking ``flock``: a shard that any process has pinned (shared
+lock) is skipped, never waited for. If everything left is pinned the reservation goes
+over the limit, and the caller warns.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from shardstream.client._filelock import lock_path, try_evict_lock, unlink_and_close
+from shardstream.client.cache_keys import CacheLayout, TmpEntry, parse_tmp_name
+
+__all__ = ["CacheSpace", "Reservation"]
+
+_MAGIC = b"shardstream-cache-usage-v1"
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """What one :meth:`CacheSpace.reserve` did."""
+
+    tmp_dir: Path
+    evicted: int
+    evicted_bytes: int
+    scanned: bool
+    over_limit: bool
+
+
+@dataclass
+class _Usage:
+    """The hint read from the space lock file; ``total`` None when it must be rescanned."""
+
+    total: int | None
+    scanned_at: float
+
+
+class CacheSpace:
+    """Reservations, scans and eviction for one cache root (see the module docstring)."""
+
+    def __init__(self, layout: CacheLayout, limit_bytes: int | None, rescan_interval_s: float):
+        self.layout = layout
+        self.limit_bytes = limit_bytes
+        self.rescan_interval_s = rescan_interval_s
+
+    @contextmanager
+    def _locked(self) -> Iterator[_Usage]:
+        """Hold the node-wide space lock; read the hint, write it back on exit."""
+        fd = os.open(self.layout.usage, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            usage = _parse(os.pread(fd, 128, 0))
+            before = (usage.total, usage.scanned_at)
+            yield usage
+            if (usage.total, usage.scanned_at) != before and usage.total is not None:
+                record = b"%s %d %.3f\n" % (_MAGIC, max(usage.total, 0), usage.scanned_at)
+                os.pwrite(fd, record, 0)
+                os.ftruncate(fd, len(record))
+        finally:
+            os.close(fd)  # releases the flock
+
+    def reserve(self, name: str, size: int, pid: int) -> Reservation:
+        """Make room for ``size`` bytes of shard ``name`` and create its download folder.
+
+        The caller holds the download lock of ``name``, so any leftover folder of
+        ``name`` belongs to a dead process and is removed here.
+        """
+        evicted = evicted_bytes = 0
+        scanned = over = False
+        with self._locked() as usage:
+            freed = self._remove_tmp(lambda entry: entry.name == name)
+            if usage.total is not None:
+                usage.total -= freed
+            limit = self.limit_bytes
+            stale = time.time() - usage.scanned_at > self.rescan_interval_s
+            if usage.total is None or stale or (limit is not None and usage.total + size > limit):
+                files = self._scan(usage)
+                scanned = True
+                if limit is not None and usage.total is not None:
+                    evicted, evicted_bytes = self._evict(files, usage.total + size - limit)
+                    usage.total -= evicted_bytes
+                    over = usage.total + size > limit
+            assert usage.total is not None  # set by the scan when it was missing
+            usage.total += size
+            tmp_dir = self.layout.tmp_dir(name, size, pid)
+            tmp_dir.mkdir()
+        return Reservation(tmp_dir, evicted, evicted_bytes, scanned, over)
+
+    def release(self, tmp_dir: Path, size: int) -> None:
+        """Give back a reservation whose download failed, removing its folder.
+
+        Both under the lock: a scan between the two would not see the folder, and the
+        subtraction would then count it out twice.
+        """
+        with self._locked() as usage:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+            if usage.total is not None:
+                usage.total -= size
+
+    def sweep(self) -> int:
+        """Remove what dead processes left: download folders and download lock files.
+
+        A folder is dead when nobody holds its shard's download lock: the kernel dropped
+        that lock when its owner died. Returns the number of folders removed.
+        """
+        removed = 0
+        with self._locked() as usage:
+            dead: list[TmpEntry] = []
+            freed = self._remove_tmp(lambda entry: self._probe_dead(entry.name), dead)
+            removed = len(dead)
+            if usage.total is not None:
+                usage.total -= freed
+        for lock in _listdir(self.layout.locks):
+            if lock.endswith(".dl"):
+                path = self.layout.locks / lock
+                fd = lock_path(path, blocking=False)
+                if fd is not None:
+                    unlink_and_close(fd, path)
+        return removed
+
+    def total(self) -> int:
+        """Bytes in the cache now (shards plus reserved downloads), by a fresh scan."""
+        with self._locked() as usage:
+            self._scan(usage)
+            assert usage.total is not None
+            return usage.total
+
+    def _probe_dead(self, name: str) -> bool:
+        """True when no live process is downloading ``name`` (we then hold nothing)."""
+        path = self.layout.download_lock(name)
+        fd = lock_path(path, blocking=False)
+        if fd is None:
+            return False
+        unlink_and_close(fd, path)
+        return True
+
+    def _remove_tmp(
+        self, is_dead: Callable[[TmpEntry], bool], dead: list[TmpEntry] | None = None
+    ) -> int:
+        """Remove dead download folders; returns their reserved bytes still in the hint."""
+        freed = 0
+        for entry_name in _listdir(self.layout.tmp):
+            entry = parse_tmp_name(entry_name)
+            if entry is None or not is_dead(entry):
+                continue
+            shutil.rmtree(self.layout.tmp / entry_name, ignore_errors=True)
+            if dead is not None:
+                dead.append(entry)
+            # A reservation whose shard reached data/ is counted there, not twice.
+            if not self.layout.data_path(entry.name).exists():
+                freed += entry.size
+        return freed
+
+    def _scan(self, usage: _Usage) -> list[tuple[int, int, str]]:
+        """Recompute the hint; returns data files as (mtime_ns, size, name)."""
+        live: list[TmpEntry] = []
+        for entry_name in _listdir(self.layout.tmp):
+            entry = parse_tmp_name(entry_name)
+            if entry is None:
+                continue
+            if self._probe_dead(entry.name):
+                shutil.rmtree(self.layout.tmp / entry_name, ignore_errors=True)
+            else:
+                live.append(entry)
+        files: list[tuple[int, int, str]] = []
+        with os.scandir(self.layout.data) as it:
+            for dirent in it:
+                try:
+                    st = dirent.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                files.append((st.st_mtime_ns, st.st_size, dirent.name))
+        present = {f[2] for f in files}
+        # tmp/ was listed first: a download renamed in between is counted once, in data/.
+        reserved = sum(e.size for e in live if e.name not in present)
+        usage.total = sum(f[1] for f in files) + reserved
+        usage.scanned_at = time.time()
+        return files
+
+    def _evict(self, files: list[tuple[int, int, str]], need: int) -> tuple[int, int]:
+        """Delete least recently used, unpinned shards until ``need`` bytes are freed."""
+        count = freed = 0
+        recent: list[str] = []
+        for mtime_ns, _, name in sorted(files):
+            if freed >= need:
+                break
+            outcome = self._evict_one(name, mtime_ns)
+            if outcome == "recent":
+                recent.append(name)
+            elif isinstance(outcome, int):
+                count, freed = count + 1, freed + outcome
+        # Shards used since the scan go last, but they do go rather than overshooting.
+        for name in recent:
+            if freed >= need:
+                break
+            outcome = self._evict_one(name, None)
+            if isinstance(outcome, int):
+                count, freed = count + 1, freed + outcome
+        return count, freed
+
+    def _evict_one(self, name: str, mtime_ns: int | None) -> int | str | None:
+        """Delete shard ``name``: its size; None if pinned or gone; ``"recent"`` if it was
+        used since the scan (its ``mtime`` is no longer ``mtime_ns``) and was kept."""
+        path = self.layout.data_path(name)
+        got = try_evict_lock(path)
+        if got is None:
+            return None  # pinned by a reader, or already gone
+        fd, st = got
+        try:
+            if mtime_ns is not None and st.st_mtime_ns != mtime_ns:
+                return "recent"
+            os.unlink(path)
+        finally:
+            os.close(fd)
+        return st.st_size
+
+
+def _listdir(folder: Path) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except FileNotFoundError:
+        return []
+
+
+def _parse(raw: bytes) -> _Usage:
+    """The hint, or a 'rescan' marker for anything unexpected (it is only a hint)."""
+    line = raw.split(b"\n", 1)[0].split()
+    if len(line) == 3 and line[0] == _MAGIC:
+        try:
+            total, at = int(line[1]), float(line[2])
+        except ValueError:
+            return _Usage(None, 0.0)
+        if total >= 0 and at <= time.time() + 60:
+            return _Usage(total, at)
+    return _Usage(None, 0.0)
