@@ -1,0 +1,166 @@
+"""``shardstream build text`` and ``shardstream build images``.
+
+Only :mod:`argparse` is imported at module level, so ``shardstream --help`` works without
+the ``[builder]`` extra; the handlers import the builder (pyarrow, tokenizers, Pillow).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``build`` command and its ``text`` / ``images`` sub-commands."""
+    build = subparsers.add_parser(
+        "build",
+        help="turn raw data into MDS shards",
+        description="Turn raw data (text, images) into MDS shards in a directory or s3:// URL.",
+    )
+    kinds = build.add_subparsers(dest="build_kind", metavar="KIND", required=True)
+
+    text = kinds.add_parser(
+        "text",
+        help="tokenize JSONL/Parquet documents into fixed-length sequences",
+        description="Tokenize documents, join them with EOS and cut fixed-length sequences.",
+    )
+    text.add_argument("inputs", nargs="+", help="JSONL/Parquet files, directories or globs")
+    text.add_argument("--field", default="text", help="field holding the text (default: text)")
+    text.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json (default: byte-level)")
+    text.add_argument("--eos-token", help="EOS token of the tokenizer (default: guessed)")
+    text.add_argument("--seq-len", type=int, default=2048, help="tokens per sample (2048)")
+    # Input bytes per unit of parallel work: a tuning knob (tests use small ones).
+    text.add_argument("--chunk-bytes", default="8MB", help=argparse.SUPPRESS)
+    _add_output_options(text)
+    text.set_defaults(handler=_run_text)
+
+    images = kinds.add_parser(
+        "images",
+        help="shard an image folder (one sub-folder per class) or Parquet image files",
+        description="Store images (original JPEG/PNG bytes) with integer labels.",
+    )
+    images.add_argument("inputs", nargs="+", help="an image folder, or Parquet files/globs")
+    images.add_argument("--image-field", default="image", help="Parquet image column (image)")
+    images.add_argument("--label-field", default="label", help="Parquet label column (label)")
+    images.add_argument(
+        "--image-format",
+        choices=["auto", "jpeg", "png", "bytes"],
+        default="auto",
+        help="column encoding of the images (default: from the files)",
+    )
+    images.add_argument("--resize", type=int, metavar="PX", help="shorter side at most PX")
+    images.add_argument("--jpeg-quality", type=int, default=90, help="when re-encoding (90)")
+    images.add_argument(
+        "--on-bad-image",
+        choices=["fail", "skip"],
+        default="fail",
+        help="stop at an undecodable image, or leave it out and report it (default: fail)",
+    )
+    _add_output_options(images)
+    images.set_defaults(handler=_run_images)
+
+
+def _add_output_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-o", "--output", required=True, help="output directory or s3://bucket/prefix"
+    )
+    parser.add_argument(
+        "--shard-size", default="128MB", help="target shard size, 64MB-256MB (default 128MB)"
+    )
+    parser.add_argument("--compression", default="none", help="none (default) or zstd[:level]")
+    parser.add_argument(
+        "--hashes", default="sha1,xxh3_64", help="shard hashes, comma-separated (sha1,xxh3_64)"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=os.cpu_count() or 1, help="worker processes (all cores)"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace a dataset already in the output"
+    )
+    # Tests build tiny datasets: shards below the 64 MB floor only on request.
+    parser.add_argument("--allow-small-shards", action="store_true", help=argparse.SUPPRESS)
+    publish = parser.add_argument_group("publishing to a shardstream server")
+    publish.add_argument(
+        "--server",
+        default=os.environ.get("SHARDSTREAM_SERVER"),
+        help="server URL (default: $SHARDSTREAM_SERVER); with --dataset, publish a version",
+    )
+    publish.add_argument("--dataset", help="dataset name to publish the build as a new version")
+    publish.add_argument("--description", default="", help="description of the new version")
+
+
+def _output_options(args: argparse.Namespace) -> dict[str, Any]:
+    from shardstream.shard_builder.config import parse_size
+
+    compression = None if args.compression.lower() in ("", "none") else args.compression
+    return {
+        "output": args.output,
+        "shard_size": parse_size(args.shard_size),
+        "compression": compression,
+        "hashes": tuple(h.strip() for h in args.hashes.split(",") if h.strip()),
+        "workers": args.workers,
+        "progress": not args.no_progress,
+        "overwrite": args.overwrite,
+        "allow_small_shards": args.allow_small_shards,
+    }
+
+
+def _run_text(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from shardstream.shard_builder.config import TextBuildConfig, parse_size
+    from shardstream.shard_builder.text import build_text
+
+    config = TextBuildConfig(
+        inputs=tuple(args.inputs),
+        field=args.field,
+        tokenizer=Path(args.tokenizer) if args.tokenizer else None,
+        eos_token=args.eos_token,
+        seq_len=args.seq_len,
+        chunk_bytes=parse_size(args.chunk_bytes),
+        **_output_options(args),
+    )
+    return _run(args, lambda: build_text(config))
+
+
+def _run_images(args: argparse.Namespace) -> int:
+    from shardstream.shard_builder.config import ImageBuildConfig
+    from shardstream.shard_builder.images import build_images
+
+    config = ImageBuildConfig(
+        inputs=tuple(args.inputs),
+        image_field=args.image_field,
+        label_field=args.label_field,
+        image_format=args.image_format,
+        resize=args.resize,
+        jpeg_quality=args.jpeg_quality,
+        on_bad_image=args.on_bad_image,
+        **_output_options(args),
+    )
+    return _run(args, lambda: build_images(config))
+
+
+def _run(args: argparse.Namespace, build: Any) -> int:
+    import sys
+
+    from shardstream.errors import ConfigError
+
+    if args.dataset and not args.server:
+        raise ConfigError("--dataset needs --server URL (or SHARDSTREAM_SERVER) to publish to")
+    if args.dataset:
+        # Written by the server side; imported only when publishing is asked for.
+        import importlib
+
+        publish: Any = importlib.import_module("shardstream.shard_builder.publish")
+        with publish.DraftVersion(args.server, args.dataset, description=args.description) as draft:
+            result = build()
+            draft.add_build(result)
+        print(f"published {args.dataset}: {result.summary()}", file=sys.stderr)
+        return 0
+    result = build()
+    print(result.summary(), file=sys.stderr)
+    for bad in result.skipped:
+        print(f"skipped {bad.source}: {bad.reason}", file=sys.stderr)
+    return 0

@@ -1,0 +1,113 @@
+"""The build journal: what a killed build had finished, so a re-run can reuse it.
+
+The journal lives in the output beside the shards, under ``.shardstream-build/``:
+
+* ``build.json`` - the fingerprint of the build (content options + input lineage), written
+  before the first shard. A re-run with another fingerprint refuses to mix outputs.
+* ``done/<basename>.json`` - one small object per finished shard: its index entry and where
+  the input stream stood after it (``resume``). One object per shard keeps every update
+  O(1) on S3, where objects cannot be appended to.
+
+Shards are always finished in order, so the journal is a prefix of the shard list; on
+resume each entry is checked against the stored shard (size, and hash where the shard is
+local) and the build continues after the longest prefix that checks out. The index is
+written last and the journal is deleted after it, so a partial build never looks complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from shardstream.errors import ConfigError, ObjectNotFoundError, ShardstreamError
+from shardstream.mds import ShardInfo
+from shardstream.shard_builder.sink import ShardSink
+
+log = logging.getLogger(__name__)
+
+JOURNAL_DIR = ".shardstream-build"
+_BUILD_KEY = f"{JOURNAL_DIR}/build.json"
+_DONE_PREFIX = f"{JOURNAL_DIR}/done/"
+
+
+@dataclass(frozen=True)
+class DoneShard:
+    """A finished shard and the input position right after its last sample."""
+
+    info: ShardInfo
+    resume: dict[str, Any]
+
+
+def fingerprint(obj: dict[str, Any]) -> str:
+    """A stable hex digest of the build's content options and lineage."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+class BuildJournal:
+    """Reads and writes the journal of one build in ``sink``'s store."""
+
+    def __init__(self, sink: ShardSink, build_fingerprint: str) -> None:
+        self._sink = sink
+        self._fp = build_fingerprint
+
+    def start(self) -> list[DoneShard]:
+        """Open the journal: the verified finished shards of an earlier run (maybe none).
+
+        Raises :class:`ConfigError` when the output holds another build's shards.
+        """
+        store = self._sink.store
+        try:
+            existing = json.loads(store.read_bytes(_BUILD_KEY))
+        except ObjectNotFoundError:
+            existing = None
+        if existing is not None and existing.get("fingerprint") != self._fp:
+            raise ConfigError(
+                f"{store.url()} holds a partial build made with other inputs or options; "
+                "re-run the original command to finish it, or pass --overwrite to start over"
+            )
+        if existing is None:
+            self._sink.check_empty()
+            store.write_bytes(_BUILD_KEY, json.dumps({"fingerprint": self._fp}).encode())
+            return []
+        return self._verified_prefix()
+
+    def _verified_prefix(self) -> list[DoneShard]:
+        store = self._sink.store
+        entries: dict[str, DoneShard] = {}
+        for key, _ in store.list(_DONE_PREFIX):
+            try:
+                obj = json.loads(store.read_bytes(key))
+                entries[key] = DoneShard(ShardInfo.from_dict(obj["info"]), obj["resume"])
+            except (ShardstreamError, ValueError, KeyError) as exc:
+                log.warning("ignoring unreadable journal entry %s: %s", key, exc)
+        done: list[DoneShard] = []
+        for position in range(len(entries)):
+            entry = entries.get(f"{_DONE_PREFIX}{shard_basename(position)}.json")
+            if entry is None or not self._sink.verify(entry.info):
+                break
+            done.append(entry)
+        if done:
+            log.info("resuming: reusing %d finished shards in %s", len(done), store.url())
+        return done
+
+    def record(self, position: int, info: ShardInfo, resume: dict[str, Any]) -> None:
+        """Mark shard ``position`` finished (after its bytes are stored)."""
+        obj = {"info": info.to_dict(), "resume": resume}
+        key = f"{_DONE_PREFIX}{shard_basename(position)}.json"
+        self._sink.store.write_bytes(key, json.dumps(obj, sort_keys=True).encode())
+
+    def clear(self) -> None:
+        """Delete the journal (after the index is written)."""
+        store = self._sink.store
+        keys = [key for key, _ in store.list(f"{JOURNAL_DIR}/")]
+        for key in sorted(keys, key=lambda k: k == _BUILD_KEY):  # build.json last
+            store.delete(key)
+        self._sink.remove_local_dir(JOURNAL_DIR)  # and temp files a killed run left there
+
+
+def shard_basename(position: int) -> str:
+    """``shard.00000.mds``: MosaicML's shard naming."""
+    return f"shard.{position:05d}.mds"

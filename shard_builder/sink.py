@@ -1,0 +1,154 @@
+"""Where finished shards go: a local directory, or an object store through a staging folder.
+
+Shards are written by the MDS codec into a local folder: the output directory itself when
+it is local (a rename puts each shard in place), or a temporary staging folder whose
+shards are uploaded one at a time in a background thread (so encoding the next shard
+overlaps the upload) and deleted after. ``after_store`` callbacks (the journal) run only
+once a shard's bytes are safely stored, in shard order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlparse
+
+from shardstream.errors import ConfigError, ShardstreamError, StorageError
+from shardstream.hashing import verify_file
+from shardstream.mds import ShardInfo
+from shardstream.storage import LocalStore, ObjectStore, open_store
+
+INDEX_KEY = "index.json"
+METADATA_KEY = "shardstream.json"
+_SHARD_MODE = 0o644
+_OURS = ("shard.", INDEX_KEY, METADATA_KEY, ".shardstream-build/")
+
+
+def local_output_dir(output: str) -> Path | None:
+    """The local directory ``output`` names, or ``None`` for an object-store URL."""
+    parsed = urlparse(output)
+    if parsed.scheme == "file":
+        return Path(parsed.path)
+    if parsed.scheme and len(parsed.scheme) > 1:  # "C:" is a drive, not a scheme
+        return None
+    return Path(output)
+
+
+class ShardSink:
+    """The output of one build: a store plus the local folder shards are written into."""
+
+    def __init__(self, output: str) -> None:
+        local = local_output_dir(output)
+        if local is not None:
+            local.mkdir(parents=True, exist_ok=True)
+            self.store: ObjectStore = LocalStore(local)
+            self.staging = local.absolute()
+            self._remote = False
+            _sweep_temp_files(self.staging)
+        else:
+            self.store = open_store(output)
+            self.staging = Path(tempfile.mkdtemp(prefix="shardstream-build-"))
+            self._remote = True
+        # At most two shards wait for upload: bounds the staging folder's disk use.
+        self._queue: queue.Queue[tuple[ShardInfo, Callable[[], None]] | None] = queue.Queue(2)
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        """The output's canonical URL."""
+        return self.store.url()
+
+    def check_empty(self, overwrite: bool = False) -> None:
+        """Refuse an output that already holds files (deleting ours first if ``overwrite``)."""
+        if overwrite:
+            for key, _ in list(self.store.list()):
+                if key.startswith(_OURS):
+                    self.store.delete(key)
+        found = [key for key, _ in self.store.list() if not key.startswith(".shardstream-build/")]
+        if found:
+            raise ConfigError(
+                f"output {self.url} is not empty (it holds {found[0]!r} and "
+                f"{len(found) - 1} more); choose an empty output, or pass --overwrite to "
+                "replace a dataset written there before"
+            )
+
+    def stored(self, info: ShardInfo, after_store: Callable[[], None]) -> None:
+        """The codec has written ``info``'s file into :attr:`staging`: store it, then call back."""
+        self._raise_pending()
+        if not self._remote:
+            # The codec's temp files are created 0600; a dataset should be readable like
+            # any file the user writes.
+            (self.staging / info.stored.basename).chmod(_SHARD_MODE)
+            after_store()
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._upload_loop, daemon=True)
+            self._thread.start()
+        self._queue.put((info, after_store))
+
+    def _upload_loop(self) -> None:
+        while (item := self._queue.get()) is not None:
+            info, after_store = item
+            if self._error is not None:
+                continue  # drain: the main thread raises the first error
+            path = self.staging / info.stored.basename
+            try:
+                self.store.upload(path, info.stored.basename)
+                path.unlink()
+                after_store()
+            except BaseException as exc:
+                self._error = exc
+
+    def _raise_pending(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            if isinstance(error, ShardstreamError):
+                raise error
+            raise StorageError(f"uploading a shard to {self.url} failed: {error}") from error
+
+    def flush(self) -> None:
+        """Wait until every shard handed to :meth:`stored` is stored; re-raise upload errors."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        self._raise_pending()
+
+    def verify(self, info: ShardInfo) -> bool:
+        """Whether the stored shard matches ``info`` (size; hash too when it is local)."""
+        stored = info.stored
+        if self.store.size(stored.basename) != stored.bytes:
+            return False
+        if self._remote:
+            return True
+        try:
+            verify_file(self.staging / stored.basename, stored.hashes, what=stored.basename)
+        except ShardstreamError:
+            return False
+        return True
+
+    def remove_local_dir(self, folder: str) -> None:
+        """Remove ``folder`` of a local output with whatever is left in it (temp files)."""
+        if not self._remote:
+            shutil.rmtree(self.staging / folder, ignore_errors=True)
+
+    def close(self) -> None:
+        """Stop the upload thread and remove the staging folder (remote outputs)."""
+        with contextlib.suppress(ShardstreamError):
+            self.flush()
+        if self._remote:
+            shutil.rmtree(self.staging, ignore_errors=True)
+
+
+def _sweep_temp_files(folder: Path) -> None:
+    # The codec writes ".<name>.<random>.tmp" before its rename; a killed build leaves them.
+    for path in folder.glob(".shard.*.tmp"):
+        path.unlink(missing_ok=True)
+    for path in folder.glob(".index.json.*.tmp"):
+        path.unlink(missing_ok=True)

@@ -1,0 +1,158 @@
+"""Reading documents from JSONL and Parquet in independent chunks.
+
+A build splits its inputs into chunks that worker processes read and tokenize in
+parallel: byte ranges of a JSONL file cut at line ends, and row groups of a Parquet file
+(read in record batches, so a file is never in memory whole). Chunks depend only on the
+files and ``chunk_bytes``, never on the worker count, and the token stream is the chunks'
+tokens in order, so the output cannot depend on scheduling.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from shardstream.errors import InputError
+from shardstream.shard_builder.inputs import InputFile, file_kind
+
+_PARQUET_BATCH_ROWS = 8192
+
+
+@dataclass(frozen=True)
+class TextChunk:
+    """One unit of work: ``[start, end)`` bytes of a JSONL file, or one Parquet row group."""
+
+    path: Path
+    kind: Literal["jsonl", "parquet"]
+    start: int  # byte offset (jsonl) or row group index (parquet)
+    end: int  # byte offset (jsonl) or unused (parquet)
+    first_row: int = 0  # rows before this row group (parquet), for error messages
+    nbytes: int = 0  # share of the input file's bytes (for progress)
+
+
+def plan_chunks(
+    files: Sequence[InputFile], field: str, chunk_bytes: int = 8 << 20
+) -> list[TextChunk]:
+    """Split every file into chunks of about ``chunk_bytes`` (JSONL) or one per row group."""
+    chunks: list[TextChunk] = []
+    for f in files:
+        if file_kind(f.path) == "parquet":
+            chunks.extend(_parquet_chunks(f.path, f.size, field))
+        else:
+            chunks.extend(_jsonl_chunks(f.path, f.size, chunk_bytes))
+    return chunks
+
+
+def _jsonl_chunks(path: Path, size: int, chunk_bytes: int) -> Iterator[TextChunk]:
+    start = 0
+    with open(path, "rb") as fh:
+        while start < size:
+            target = start + chunk_bytes
+            if target >= size:
+                yield TextChunk(path, "jsonl", start, size, nbytes=size - start)
+                return
+            fh.seek(target)
+            fh.readline()  # move to the end of the line that straddles the target
+            end = min(fh.tell(), size)
+            yield TextChunk(path, "jsonl", start, end, nbytes=end - start)
+            start = end
+
+
+def _open_parquet(path: Path) -> object:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ...
+        raise InputError(f"{path}: not a readable Parquet file ({exc})") from exc
+
+
+def _parquet_chunks(path: Path, size: int, field: str) -> Iterator[TextChunk]:
+    import pyarrow as pa
+
+    pf = _open_parquet(path)
+    schema = pf.schema_arrow  # type: ignore[attr-defined]
+    if field not in schema.names:
+        raise InputError(
+            f"{path}: no column {field!r} (columns: {', '.join(schema.names)}); "
+            "name the text column with --field"
+        )
+    col_type = schema.field(field).type
+    if not (pa.types.is_string(col_type) or pa.types.is_large_string(col_type)):
+        raise InputError(f"{path}: column {field!r} has type {col_type}, expected string")
+    meta = pf.metadata  # type: ignore[attr-defined]
+    first_row = 0
+    groups = meta.num_row_groups
+    for rg in range(groups):
+        share = size // groups + (size % groups if rg == groups - 1 else 0)
+        yield TextChunk(path, "parquet", rg, rg + 1, first_row, share)
+        first_row += meta.row_group(rg).num_rows
+
+
+def read_docs(chunk: TextChunk, field: str) -> Iterator[list[str]]:
+    """The chunk's documents in order, in batches; :class:`InputError` names file and line/row."""
+    if chunk.kind == "parquet":
+        yield from _parquet_docs(chunk, field)
+    else:
+        yield _jsonl_docs(chunk, field)
+
+
+def _jsonl_docs(chunk: TextChunk, field: str) -> list[str]:
+    with open(chunk.path, "rb") as fh:
+        fh.seek(chunk.start)
+        data = fh.read(chunk.end - chunk.start)
+    docs: list[str] = []
+    offset = chunk.start
+    for line in data.split(b"\n"):
+        line_start, offset = offset, offset + len(line) + 1
+        if not line.strip():
+            continue  # blank lines (and the one after a trailing newline) carry no document
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise _line_error(chunk.path, line_start, f"invalid JSON ({exc})") from None
+        if not isinstance(obj, dict) or field not in obj:
+            keys = ", ".join(obj) if isinstance(obj, dict) else type(obj).__name__
+            raise _line_error(
+                chunk.path, line_start, f"no field {field!r} (found: {keys}); use --field"
+            )
+        text = obj[field]
+        if not isinstance(text, str):
+            raise _line_error(
+                chunk.path, line_start, f"field {field!r} is {type(text).__name__}, not a string"
+            )
+        docs.append(text)
+    return docs
+
+
+def _line_error(path: Path, offset: int, problem: str) -> InputError:
+    # Line numbers are counted only when something is wrong: chunks start mid-file.
+    with open(path, "rb") as fh:
+        line_no = fh.read(offset).count(b"\n") + 1
+    return InputError(f"{path}:{line_no}: {problem}")
+
+
+def _parquet_docs(chunk: TextChunk, field: str) -> Iterator[list[str]]:
+    pf = _open_parquet(chunk.path)
+    row = chunk.first_row
+    try:
+        batches = pf.iter_batches(  # type: ignore[attr-defined]
+            batch_size=_PARQUET_BATCH_ROWS, row_groups=[chunk.start], columns=[field]
+        )
+        for batch in batches:
+            column = batch.column(0)
+            if column.null_count:
+                bad = row + column.is_null().to_pylist().index(True)
+                raise InputError(f"{chunk.path}: row {bad}: field {field!r} is null")
+            docs: list[str] = column.to_pylist()
+            row += len(docs)
+            yield docs
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError(
+            f"{chunk.path}: row group {chunk.start} (rows from {row}) cannot be read ({exc})"
+        ) from exc

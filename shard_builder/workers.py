@@ -1,0 +1,59 @@
+"""Running work items on every core, with results delivered in input order.
+
+The builder's determinism rests on this: items go out to worker processes in any order,
+but :func:`ordered_map` hands their results back strictly in input order, so everything
+downstream (sequence cutting, shard boundaries) is independent of scheduling and of the
+worker count. At most ``window`` results wait in memory at once.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def _init_worker() -> None:
+    # Each worker is one process per core already; HF tokenizers' own thread pool on top
+    # would only oversubscribe the cores.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    os.environ["RAYON_NUM_THREADS"] = "1"
+
+
+def ordered_map(
+    fn: Callable[[T], R], items: Iterable[T], *, workers: int, window: int | None = None
+) -> Iterator[R]:
+    """``map(fn, items)`` over ``workers`` processes, results in order.
+
+    ``fn`` must be a module-level function (it is pickled). With ``workers == 1`` it runs
+    in this process, which gives the same results. An exception raised by ``fn`` is
+    re-raised here for the item it failed on, after cancelling the items not started.
+    """
+    if workers <= 1:
+        yield from map(fn, items)
+        return
+    window = window or 2 * workers
+    # fork (where available): workers start in milliseconds and, unlike spawn/forkserver,
+    # do not re-run the caller's __main__ (a script without a main guard still works).
+    # The pool starts all its workers at the first submit, before the builder starts its
+    # upload thread, so no builder thread is copied mid-operation.
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    pending: deque[Future[R]] = deque()
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker) as pool:
+        try:
+            for item in items:
+                pending.append(pool.submit(fn, item))
+                if len(pending) >= window:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()

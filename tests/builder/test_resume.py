@@ -1,0 +1,108 @@
+"""A build killed with SIGKILL and started again finishes exactly like an uninterrupted one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from shardstream.shard_builder import ImageBuildConfig, TextBuildConfig, build_images, build_text
+from tests.builder.conftest import dir_bytes, jpeg_bytes, make_docs, read_with_ours, write_jsonl
+
+
+def _kill_when(proc: subprocess.Popen[bytes], done_dir: Path, shards: int) -> int:
+    """SIGKILL ``proc``'s whole process group once ``shards`` shards are journaled."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        finished = len(list(done_dir.glob("*.json"))) if done_dir.exists() else 0
+        if finished >= shards:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return finished
+        if proc.poll() is not None:
+            pytest.fail(f"the build ended (rc {proc.returncode}) before it could be killed")
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGKILL)
+    pytest.fail("the build made no progress in 60 s")
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "shardstream", "build", *args, "--no-progress"]
+
+
+@pytest.mark.slow
+def test_text_build_killed_and_rerun_matches_a_clean_build(
+    tmp_path: Path, tokenizer_file: Path
+) -> None:
+    docs = make_docs(12_000, seed=21, max_words=120)
+    write_jsonl(tmp_path / "a.jsonl", docs[:6000])
+    write_jsonl(tmp_path / "b.jsonl", docs[6000:])
+    out = tmp_path / "out"
+    args = _cli(
+        "text", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"),
+        "--output", str(out), "--tokenizer", str(tokenizer_file), "--seq-len", "64",
+        "--shard-size", "8KB", "--allow-small-shards", "--chunk-bytes", "64KB",
+        "--workers", "2",
+    )  # fmt: skip
+    proc = subprocess.Popen(args, start_new_session=True, stderr=subprocess.PIPE)
+    killed_after = _kill_when(proc, out / ".shardstream-build" / "done", shards=20)
+    assert not (out / "index.json").exists()  # a killed build never looks complete
+
+    rerun = subprocess.run(args, check=False, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "reused" in rerun.stderr
+
+    reference = build_text(
+        TextBuildConfig(
+            output=str(tmp_path / "ref"),
+            inputs=(str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")),
+            tokenizer=tokenizer_file,
+            seq_len=64,
+            shard_size=8192,
+            allow_small_shards=True,
+            workers=1,
+            progress=False,
+        )
+    )
+    assert len(reference.shards) > killed_after + 5  # the kill really was mid-way
+    assert dir_bytes(out) == dir_bytes(tmp_path / "ref")  # no duplicate, no missing sample
+
+
+@pytest.mark.slow
+def test_image_build_killed_and_rerun_matches_a_clean_build(tmp_path: Path) -> None:
+    root = tmp_path / "images"
+    for label in range(4):
+        (root / f"class{label}").mkdir(parents=True)
+        for i in range(150):
+            (root / f"class{label}" / f"{i:04d}.jpg").write_bytes(
+                jpeg_bytes(label * 1000 + i, (64, 48))
+            )
+    out = tmp_path / "out"
+    args = _cli(
+        "images", str(root), "--output", str(out), "--shard-size", "16KB",
+        "--allow-small-shards", "--workers", "2",
+    )  # fmt: skip
+    proc = subprocess.Popen(args, start_new_session=True, stderr=subprocess.PIPE)
+    _kill_when(proc, out / ".shardstream-build" / "done", shards=5)
+    assert not (out / "index.json").exists()
+    rerun = subprocess.run(args, check=False, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+
+    reference = build_images(
+        ImageBuildConfig(
+            output=str(tmp_path / "ref"),
+            inputs=(str(root),),
+            shard_size=16 << 10,
+            allow_small_shards=True,
+            workers=1,
+            progress=False,
+        )
+    )
+    assert dir_bytes(out) == dir_bytes(tmp_path / "ref")
+    labels = [s["label"] for s in read_with_ours(out)]
+    assert labels == sorted(labels) and len(labels) == 600 == reference.samples
