@@ -1,0 +1,128 @@
+"""The ``ObjectStore`` interface every backend implements, and the download finishing step."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import TracebackType
+
+from shardstream.errors import HashMismatchError, StorageError
+from shardstream.hashing import verify_file
+
+TEMP_PREFIX = ".shardstream-tmp."
+"""Name prefix of in-flight temp files; never listed as keys."""
+
+
+class ObjectStore(ABC):
+    """A flat namespace of byte objects under a root (a directory, an S3 prefix, URLs).
+
+    Keys are ``/``-separated paths relative to the root and can never escape it (see
+    :func:`shardstream.storage.check_key`). Writes and downloads become visible
+    atomically: a reader sees the old object, the whole new object, or nothing.
+
+    >>> store = open_store("/tmp/shards")          # doctest: +SKIP
+    >>> store.write_bytes("a/b.bin", b"hello")     # doctest: +SKIP
+    >>> store.read_bytes("a/b.bin")                # doctest: +SKIP
+    b'hello'
+    """
+
+    @abstractmethod
+    def read_bytes(self, key: str) -> bytes:
+        """The whole object; :class:`ObjectNotFoundError` if missing."""
+
+    @abstractmethod
+    def download(
+        self,
+        key: str,
+        dest: Path,
+        *,
+        expected_size: int | None = None,
+        expected_hashes: Mapping[str, str] | None = None,
+    ) -> None:
+        """Write the object to ``dest`` atomically, after checking its size and hash.
+
+        Nothing appears at ``dest`` unless every byte arrived and matched: a size or hash
+        mismatch raises :class:`HashMismatchError`, a missing object
+        :class:`ObjectNotFoundError`, other failures (after retries) :class:`StorageError`.
+        """
+
+    @abstractmethod
+    def write_bytes(self, key: str, data: bytes) -> None:
+        """Store ``data`` under ``key``; readers see it only once it is complete."""
+
+    @abstractmethod
+    def upload(self, src: Path, key: str) -> None:
+        """Store the file ``src`` under ``key`` (multipart for large files on S3)."""
+
+    @abstractmethod
+    def size(self, key: str) -> int | None:
+        """The object's size in bytes, or ``None`` if it does not exist."""
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        """``(key, size)`` of every object whose key starts with ``prefix``, sorted by key."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the object; deleting a missing key is not an error."""
+
+    @abstractmethod
+    def url(self, key: str = "") -> str:
+        """The canonical URL of ``key`` (``s3://...``, ``file://...``, ``https://...``)."""
+
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` exists."""
+        return self.size(key) is not None
+
+    def close(self) -> None:  # noqa: B027 - most stores hold nothing to release
+        """Release connections and threads (the store stays usable: they are rebuilt)."""
+
+    def __enter__(self) -> ObjectStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def temp_path_for(dest: Path) -> Path:
+    """A unique temp file beside ``dest`` (same filesystem, so ``os.replace`` is atomic)."""
+    return dest.parent / f"{TEMP_PREFIX}{dest.name}.{uuid.uuid4().hex[:12]}"
+
+
+def check_size(actual: int, expected: int | None, what: str) -> None:
+    """Raise :class:`HashMismatchError` if the object's size is not the recorded one."""
+    if expected is not None and actual != expected:
+        raise HashMismatchError(
+            f"{what}: size is {actual} bytes, the index records {expected}; "
+            "the object is truncated or was replaced after the index was written"
+        )
+
+
+def finish_download(
+    tmp: Path,
+    dest: Path,
+    *,
+    what: str,
+    expected_size: int | None,
+    expected_hashes: Mapping[str, str] | None,
+) -> None:
+    """Verify the complete temp file, then rename it to ``dest`` (removing it on failure)."""
+    try:
+        check_size(tmp.stat().st_size, expected_size, what)
+        if expected_hashes:
+            verify_file(tmp, expected_hashes, what=what)
+        os.replace(tmp, dest)
+    except OSError as exc:
+        raise StorageError(f"{what}: cannot write {dest}: {exc.strerror or exc}") from exc
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()

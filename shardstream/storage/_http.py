@@ -1,0 +1,250 @@
+"""``HTTPStore``: reading objects over HTTP(S), typically presigned URLs from the server.
+
+Training nodes need no bucket credentials: a resolver (usually the metadata server's
+presign endpoint) maps keys to URLs, in batches. URLs are cached until shortly before
+they expire, and re-resolved when the store answers 403 (or 400 "expired") anyway, e.g.
+because of clock skew or a revoked signing key.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
+
+import httpx
+
+from shardstream.errors import ObjectNotFoundError, ShardstreamError, StorageError
+
+from ._errors import error_for_status, storage_errors
+from ._keys import check_key
+from ._options import StorageOptions
+from ._retry import retrying
+from ._transfer import ForkLocal, RangeBody, RemoteStore
+
+Resolver = Callable[[list[str]], Mapping[str, str]]
+"""Maps a batch of keys to URLs (it may return more keys than asked, never fewer)."""
+
+_CONTENT_RANGE = re.compile(r"bytes (?:(\d+)-\d+|\*)/(\d+)")
+_S3_CODE = re.compile(rb"<Code>([^<]+)</Code>")
+
+
+class HTTPStore(RemoteStore):
+    """Read-only store over HTTP(S) GET with ranged, parallel, resumable downloads.
+
+    >>> store = HTTPStore(lambda keys: api.presign(keys))                    # doctest: +SKIP
+    >>> store.resolve_urls(["shard.00000.mds", "shard.00001.mds"])  # one batch # doctest: +SKIP
+    >>> store.download("shard.00000.mds", Path("/cache/s0"), expected_hashes=h)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        resolve: Resolver,
+        *,
+        options: StorageOptions | None = None,
+        batch_size: int = 256,
+        name: str = "presigned URLs",
+    ) -> None:
+        super().__init__(options or StorageOptions())
+        self._resolve = resolve
+        self.batch_size = batch_size
+        self.name = name
+        self._urls: dict[str, tuple[str, float | None]] = {}
+        self._lock = threading.Lock()
+        self._http = ForkLocal(self._new_client)
+
+    @classmethod
+    def from_base_url(cls, base_url: str, options: StorageOptions | None = None) -> HTTPStore:
+        """A store whose key ``k`` is simply ``base_url/k`` (public HTTP(S) datasets)."""
+        base = base_url.rstrip("/")
+        return cls(lambda keys: {k: f"{base}/{quote(k)}" for k in keys}, options=options, name=base)
+
+    def __repr__(self) -> str:
+        return f"HTTPStore({self.name!r})"
+
+    def _new_client(self) -> httpx.Client:
+        opts = self.options
+        return httpx.Client(
+            timeout=httpx.Timeout(opts.read_timeout_s, connect=opts.connect_timeout_s),
+            limits=httpx.Limits(max_connections=opts.max_connections + 4),
+            follow_redirects=True,
+        )
+
+    # -- URL resolution -------------------------------------------------------------------
+
+    def resolve_urls(self, keys: Iterable[str]) -> None:
+        """Resolve every key that has no fresh URL yet, ``batch_size`` keys per resolver call."""
+        with self._lock:
+            missing = [check_key(k) for k in dict.fromkeys(keys) if not self._fresh(k)]
+        for i in range(0, len(missing), self.batch_size):
+            batch = missing[i : i + self.batch_size]
+            try:
+                urls = dict(self._resolve(batch))
+            except ShardstreamError:
+                raise
+            except Exception as exc:
+                raise StorageError(
+                    f"{self.name}: resolving URLs for {batch[0]!r}...: {exc}"
+                ) from exc
+            for key in batch:
+                if key not in urls:
+                    raise StorageError(f"{self.name}: the resolver returned no URL for {key!r}")
+            with self._lock:
+                self._urls.update((k, (u, _expires_at(u))) for k, u in urls.items())
+
+    def _fresh(self, key: str) -> bool:
+        entry = self._urls.get(key)
+        return entry is not None and (entry[1] is None or time.time() < entry[1])
+
+    def _url(self, key: str) -> str:
+        with self._lock:
+            if self._fresh(key):
+                return self._urls[key][0]
+        self.resolve_urls([key])
+        return self._urls[key][0]
+
+    def _refresh(self, key: str, stale: str) -> str:
+        """Drop ``stale`` (unless another thread replaced it already) and resolve again."""
+        with self._lock:
+            if self._urls.get(key, ("",))[0] == stale:
+                del self._urls[key]
+        return self._url(key)
+
+    def _describe(self, key: str) -> str:
+        entry = self._urls.get(key)
+        if entry is None:
+            return f"{key!r} from {self.name}"
+        parts = urlsplit(entry[0])  # without the query: it holds the signature
+        return urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+
+    # -- reading --------------------------------------------------------------------------
+
+    def _get_range(self, key: str, start: int, end: int, etag: str | None) -> RangeBody:
+        url = self._url(key)
+        headers = {"Range": f"bytes={start}-{end}"}
+        if etag:
+            headers["If-Match"] = etag
+        for attempt in range(2):
+            what = self._describe(key)
+            client = self._http.get()
+            with storage_errors(what):
+                resp = client.send(client.build_request("GET", url, headers=headers), stream=True)
+            if resp.status_code in (200, 206):
+                return self._body(resp, what)
+            with storage_errors(what):
+                payload = resp.read()
+            resp.close()
+            expired = resp.status_code == 403 or (resp.status_code == 400 and b"xpire" in payload)
+            if expired and attempt == 0:
+                url = self._refresh(key, url)
+                continue
+            if resp.status_code == 416:
+                match = _CONTENT_RANGE.fullmatch(resp.headers.get("content-range", ""))
+                if match and match.group(2) == "0":
+                    return RangeBody(0, 0, etag, iter(()), lambda: None)
+            if resp.status_code == 412:
+                raise StorageError(f"{what} was replaced while downloading; retry")
+            code = _S3_CODE.search(payload)
+            raise error_for_status(
+                resp.status_code,
+                code.group(1).decode() if code else "",
+                what,
+                denied_hint="the URL was refused even freshly resolved; check that the token "
+                "behind the resolver may read this dataset",
+            )
+        raise AssertionError("unreachable")
+
+    def _body(self, resp: httpx.Response, what: str) -> RangeBody:
+        match = _CONTENT_RANGE.fullmatch(resp.headers.get("content-range", ""))
+        if resp.status_code == 206 and match and match.group(1) is not None:
+            first, total = int(match.group(1)), int(match.group(2))
+        elif resp.status_code == 200 and "content-length" in resp.headers:
+            first, total = 0, int(resp.headers["content-length"])
+        else:
+            resp.close()
+            raise StorageError(f"{what}: response has no usable Content-Range/Content-Length")
+        return RangeBody(first, total, resp.headers.get("etag"), _chunks(resp, what), resp.close)
+
+    def size(self, key: str) -> int | None:
+        """The object's size from a one-byte ranged GET (presigned URLs allow only GET)."""
+        what = self._describe(check_key(key))
+        try:
+            body = retrying(self.options, what, lambda: self._get_range(key, 0, 0, None))
+        except ObjectNotFoundError:
+            return None
+        body.close()
+        return body.total_size
+
+    def url(self, key: str = "") -> str:
+        """The (resolved, possibly presigned) URL of ``key``."""
+        return self._url(check_key(key)) if key else self.name
+
+    def close(self) -> None:
+        """Close connections and threads (rebuilt on next use)."""
+        client = self._http.built()
+        if client is not None:
+            client.close()
+        self._http.reset()
+        super().close()
+
+    # -- the write side does not exist here -----------------------------------------------
+
+    def _read_only(self, op: str, key: str) -> StorageError:
+        return StorageError(
+            f"{self.name}: cannot {op} {key!r}: HTTPStore is read-only; write through an "
+            "s3:// or local store instead"
+        )
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        """Not supported: raises :class:`StorageError`."""
+        raise self._read_only("write", key)
+
+    def upload(self, src: Path, key: str) -> None:
+        """Not supported: raises :class:`StorageError`."""
+        raise self._read_only("upload", key)
+
+    def delete(self, key: str) -> None:
+        """Not supported: raises :class:`StorageError`."""
+        raise self._read_only("delete", key)
+
+    def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        """Not supported (HTTP has no listing): raises :class:`StorageError`."""
+        raise self._read_only("list", prefix)
+
+
+class _BaseURL:
+    """Resolver for plain URLs: ``base/quoted-key`` (a class, so the store pickles)."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+
+    def __call__(self, keys: list[str]) -> dict[str, str]:
+        return {k: f"{self.base}/{quote(k)}" for k in keys}
+
+
+def _chunks(resp: httpx.Response, what: str) -> Iterator[bytes]:
+    with storage_errors(what):
+        # No chunk size: bytes are handed on as they arrive, so a cut loses none of them.
+        yield from resp.iter_bytes()
+
+
+def _expires_at(url: str) -> float | None:
+    """When a presigned URL stops working, less a safety margin; ``None`` if unknown."""
+    query = parse_qs(urlsplit(url).query)
+    try:
+        if "X-Amz-Date" in query and "X-Amz-Expires" in query:  # SigV4
+            signed = datetime.strptime(query["X-Amz-Date"][0], "%Y%m%dT%H%M%SZ")
+            lifetime = float(query["X-Amz-Expires"][0])
+            start = signed.replace(tzinfo=timezone.utc).timestamp()
+        elif "Expires" in query:  # SigV2: an absolute time
+            return float(query["Expires"][0]) - 5.0
+        else:
+            return None
+    except ValueError:
+        return None
+    # Renew a little early so a download does not start on a URL about to die.
+    return start + lifetime - min(30.0, 0.1 * lifetime)
