@@ -91,6 +91,7 @@ class ShardReader:
             if (steps != stride).any():
                 raise _corrupt(path, f"fixed-size samples must be {stride} bytes apart")
             self._views = self._strided_views(int(self.offsets[0]), stride)
+        self._fixed = [(n, v, self._codecs[n].encoding == "int") for n, v in self._views.items()]
 
     def _info_from_config(self, head_end: int, size: int, n: int) -> ShardInfo:
         raw = bytes(self._mv[head_end : int(self.offsets[0])])
@@ -147,10 +148,7 @@ class ShardReader:
         if not 0 <= i < self._num:
             raise IndexError(f"{self.path}: sample {index} out of range (0..{self._num - 1})")
         if self._views:
-            return {
-                name: int(view[i]) if self._codecs[name].encoding == "int" else view[i]
-                for name, view in self._views.items()
-            }
+            return {name: int(view[i]) if as_int else view[i] for name, view, as_int in self._fixed}
         return self._decode(i)
 
     def _decode(self, i: int) -> dict[str, Any]:
@@ -244,9 +242,14 @@ class ShardReader:
         quads = self._buf[positions[:, None] + np.arange(4)]
         return np.ascontiguousarray(quads).view("<u4")[:, 0].astype(np.int64)
 
+    def __reduce__(self) -> tuple[type[ShardReader], tuple[Path, ShardInfo]]:
+        # A mapping cannot be pickled; a DataLoader worker re-opens the file instead.
+        return (ShardReader, (self.path, self.info))
+
     def close(self) -> None:
         """Drop this reader's references to the mapping; it closes once no view uses it."""
         self._views = {}
+        self._fixed = []
         self._cols = []
 
     def __enter__(self) -> ShardReader:

@@ -91,7 +91,12 @@ def encode_sample(columns: Mapping[str, str], sample: Mapping[str, Any]) -> byte
     Raises :class:`InputError` naming the column for a missing column or a bad value.
     For many samples, call :func:`make_encoder` once and reuse it.
     """
-    return make_encoder(columns)(sample)
+    return _cached_encoder(tuple(columns.items()))(sample)
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_encoder(items: tuple[tuple[str, str], ...]) -> Callable[[Mapping[str, Any]], bytes]:
+    return make_encoder(dict(items))
 
 
 def normalize_hashes(hashes: Sequence[str]) -> tuple[str, ...]:
@@ -271,6 +276,7 @@ def _store(
         zip_name = f"{basename}.{compression_extension(template.compression)}"
         zip_info = FileInfo(zip_name, len(data), {a: hash_bytes(a, data) for a in template.hashes})
     target = out_dir / (zip_info or raw_info).basename
+    out_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=out_dir)
     try:
         with os.fdopen(fd, "wb") as fh:

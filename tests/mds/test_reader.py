@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from streaming.base.format.mds.encodings import mds_decode, mds_encode
 
+from shardstream import mds
 from shardstream.errors import ConfigError
 from shardstream.mds import (
     ENCODINGS,
@@ -200,3 +202,32 @@ def test_random_fixed_shards_roundtrip(
     assert np.array_equal(reader.gather("x", idx), xs[idx])
     assert np.array_equal(reader.gather("y", idx), ys[idx])
     assert reader[n - 1]["t"] == "a" * (n - 1)
+
+
+def test_reader_pickles_by_reopening(
+    fixed_shard: tuple[ShardReader, dict[str, np.ndarray]],
+) -> None:
+    """DataLoader workers receive readers by pickle: the copy maps the same file."""
+    reader, arrays = fixed_shard
+    copy = pickle.loads(pickle.dumps(reader))
+    assert copy.path == reader.path and copy.info == reader.info
+    assert np.array_equal(copy.gather("tokens", np.array([3, 1])), arrays["tokens"][[3, 1]])
+
+
+def test_public_api_is_stable() -> None:
+    """The names other parts import; change this list only on purpose."""
+    assert len(set(mds.__all__)) == len(mds.__all__)
+    assert all(hasattr(mds, name) for name in mds.__all__)
+    contract = {
+        "MDSWriter",
+        "MDSIndex",
+        "ShardInfo",
+        "ShardReader",
+        "load_index",
+        "encode_sample",
+        "write_shard",
+        "decompress_shard",
+        "ENCODINGS",
+    }
+    assert contract <= set(mds.__all__)
+    assert {"write_shard_arrays", "samples_per_shard", "FileInfo"} <= set(mds.__all__)
