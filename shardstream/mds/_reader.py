@@ -234,13 +234,24 @@ class ShardReader:
                 starts = starts + other.size
         if idx.size and (starts + codec.size > self.offsets[idx + 1]).any():
             raise _corrupt(self.path, f"column {column!r} runs past the end of a sample")
-        raw = self._buf[starts[:, None] + np.arange(codec.size)]
+        raw = self._windows(codec.size)[starts]
         out: np.ndarray[Any, Any] = raw.view(codec.dtype).reshape(idx.size, *codec.shape)
         return out
 
+    def _windows(self, width: int) -> np.ndarray[Any, Any]:
+        """Row ``j`` is bytes ``j .. j + width`` of the file (a zero-copy strided view).
+
+        Fancy-indexing its rows copies one whole column value per index, so a gather costs
+        one index per sample rather than one per byte.
+        """
+        windows: np.ndarray[Any, Any] = np.lib.stride_tricks.as_strided(
+            self._buf, (max(len(self._buf) - width + 1, 0), width), (1, 1), writeable=False
+        )
+        return windows
+
     def _read_u32(self, positions: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        quads = self._buf[positions[:, None] + np.arange(4)]
-        return np.ascontiguousarray(quads).view("<u4")[:, 0].astype(np.int64)
+        quads = np.ascontiguousarray(self._windows(4)[positions])
+        return quads.view("<u4")[:, 0].astype(np.int64)
 
     def __reduce__(self) -> tuple[type[ShardReader], tuple[Path, ShardInfo]]:
         # A mapping cannot be pickled; a DataLoader worker re-opens the file instead.
