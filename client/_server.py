@@ -1,0 +1,128 @@
+"""The client SDK's use of the metadata server: named sources and checkpoint commits.
+
+Kept apart so that reading an ``index.json`` URL never needs the server or its client.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from shardstream.api_client import APIClient
+from shardstream.client.options import ServerOptions, Source
+from shardstream.client.source import ResolvedSource
+from shardstream.errors import ConfigError, ResumeError
+from shardstream.mds import load_index
+from shardstream.storage import HTTPStore, ObjectStore
+
+if TYPE_CHECKING:
+    from shardstream.client.dataset import StreamingDataset
+
+__all__ = ["commit_checkpoint", "load_checkpoint", "presigning_store", "resolve_named"]
+
+
+def _client(url: str, token: str | None) -> APIClient:
+    return APIClient(url, token)
+
+
+def parse_name(uri: str) -> tuple[str, int | None]:
+    """``"name"`` -> (name, None: latest published); ``"name@3"`` -> (name, 3)."""
+    name, sep, version = uri.partition("@")
+    if not sep or version in ("", "latest"):
+        return name, None
+    try:
+        return name, int(version.removeprefix("v"))
+    except ValueError:
+        raise ConfigError(
+            f"source {uri!r}: the version after '@' must be a version number (e.g. {name}@3) "
+            "or 'latest'"
+        ) from None
+
+
+def resolve_named(source: Source, server: ServerOptions) -> ResolvedSource:
+    """Pin a server dataset to its version, with the shard keys and the MDS index."""
+    url, token = server.resolved_url(), server.resolved_token()
+    name, number = parse_name(source.uri)
+    with _client(url, token) as api:
+        version = api.latest_version(name) if number is None else api.get_version(name, number)
+        index = load_index(api.index_json(name, version.number))
+        records = sorted(api.iter_shards(name, version.number), key=lambda r: r.index)
+    keys = [record.key for record in records]
+    if len(keys) != len(index.shards):
+        raise ConfigError(
+            f"dataset {name}@{version.number}: the server lists {len(keys)} shards but its "
+            f"index.json {len(index.shards)}; the version is inconsistent, ask its owner"
+        )
+    return ResolvedSource(
+        source,
+        f"{name}@{version.number}",
+        index,
+        keys,
+        server=url,
+        dataset=name,
+        token=token,
+    )
+
+
+def presigning_store(server: str, dataset: str, version_id: str, token: str | None) -> ObjectStore:
+    """A read-only store whose URLs the server presigns (refreshed when they expire)."""
+    name, number = parse_name(version_id)
+    if number is None:
+        raise ConfigError(f"version id {version_id!r} names no version number")
+    api = _client(server, token)
+    return HTTPStore(
+        lambda keys: api.presign(name, number, keys), name=f"{dataset}@{number} on {server}"
+    )
+
+
+def _run_id(dataset: StreamingDataset) -> tuple[APIClient, int]:
+    server = dataset.server or ServerOptions()
+    if server.run is None:
+        raise ConfigError(
+            "no run id: build the dataset with server=ServerOptions(run=RUN_ID) to commit or "
+            "resume checkpoints on the server (create a run with APIClient.create_run)"
+        )
+    try:
+        run = int(server.run)
+    except ValueError:
+        raise ConfigError(
+            f"ServerOptions.run must be the run's numeric id, got {server.run!r}"
+        ) from None
+    return _client(server.resolved_url(), server.resolved_token()), run
+
+
+def commit_checkpoint(dataset: StreamingDataset, step: int, state: dict[str, Any]) -> None:
+    """Store ``state`` as the run's data position at ``step`` (idempotent per step)."""
+    api, run = _run_id(dataset)
+    with api:
+        api.commit_checkpoint(
+            run, step=step, epoch=state["epoch"], sample_in_epoch=state["samples"], plan=state
+        )
+
+
+def load_checkpoint(dataset: StreamingDataset, resume: str | int) -> dict[str, Any]:
+    """The state committed at step ``resume`` (or the ``"latest"``) for the dataset's run."""
+    api, run = _run_id(dataset)
+    with api:
+        if resume == "latest":
+            checkpoint = api.latest_checkpoint(run)
+            if checkpoint is None:
+                raise ResumeError(f"run {run} has no checkpoint on the server yet")
+        elif isinstance(resume, int) and not isinstance(resume, bool):
+            checkpoint = api.get_checkpoint(run, resume)
+        else:
+            raise ConfigError(f"resume must be 'latest' or a step number, got {resume!r}")
+    state = dict(checkpoint.plan)
+    if "format" not in state:  # committed by another tool: rebuild from the position
+        stream = dataset.stream
+        batch, rest = divmod(checkpoint.sample_in_epoch, stream.config.global_batch_size)
+        if rest:
+            raise ResumeError(
+                f"run {run} step {checkpoint.step}: sample_in_epoch="
+                f"{checkpoint.sample_in_epoch} is not a whole number of global batches"
+            )
+        from shardstream.client.state import ReaderState
+
+        state = ReaderState(
+            checkpoint.epoch, batch, stream.plan_params(), stream.versions, stream.weights
+        ).to_dict()
+    return state

@@ -1,0 +1,185 @@
+"""``StreamingDataset``: a torch ``IterableDataset`` of whole batches streamed from shards.
+
+It yields one dict per batch (column -> tensor of shape ``(batch_size, ...)``), so use it
+with ``DataLoader(dataset, batch_size=None)``. Each rank reads its share of every global
+batch of the epoch plan; each DataLoader worker ``w`` of ``n`` builds the rank's batches
+``w, w + n, ...``, which the DataLoader hands out round-robin, so the rank sees batches
+``0, 1, 2, ...`` in order for any worker count.
+
+It speaks torchdata's ``Stateful`` protocol (``state_dict`` / ``load_state_dict``), so
+``StatefulDataLoader`` resumes it exactly, and :class:`~shardstream.client.ShardstreamLoader`
+drives it with its own faster workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch.utils.data
+
+from shardstream.client.batch import ColumnSpec
+from shardstream.client.distributed import Topology, current_worker
+from shardstream.client.options import (
+    CacheOptions,
+    DecodeOptions,
+    PlanOptions,
+    ServerOptions,
+    Source,
+)
+from shardstream.client.source import ResolvedSource, resolve_source
+from shardstream.client.state import ReaderState
+from shardstream.client.stream import BatchStream, BatchTransform
+from shardstream.errors import ConfigError, ResumeError
+
+__all__ = ["StreamingDataset"]
+
+SourceLike = str | Source
+
+
+class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
+    """Batches of one dataset or a weighted mixture, for this rank, in plan order.
+
+    ``sources``: a dataset name on the server (``"name"``, ``"name@version"``), an
+    ``index.json`` URL/path, a :class:`Source`, or a list of them (a mixture; weights in
+    each :class:`Source`). ``batch_size`` is per rank; the global batch is
+    ``batch_size x world size``. ``topology`` defaults to ``Topology.discover()``
+    (``torch.distributed`` or ``RANK``/``WORLD_SIZE``). ``transform`` is applied to every
+    whole batch inside the worker.
+
+    >>> ds = StreamingDataset("s3://bucket/tokens/index.json", batch_size=32)  # doctest: +SKIP
+    >>> loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)  # doctest: +SKIP
+    >>> for batch in loader: batch["tokens"].shape  # torch.Size([32, 2048])  # doctest: +SKIP
+
+    The epoch: call :meth:`set_epoch` at the start of every epoch (as with
+    ``DistributedSampler``). Without it, a process that finished a pass plays the next
+    epoch on its next pass; but DataLoader workers that are not persistent start from
+    this object's epoch each time.
+    """
+
+    def __init__(
+        self,
+        sources: SourceLike | Sequence[SourceLike],
+        batch_size: int,
+        *,
+        plan: PlanOptions | None = None,
+        cache: CacheOptions | None = None,
+        decode: DecodeOptions | None = None,
+        server: ServerOptions | None = None,
+        topology: Topology | None = None,
+        transform: BatchTransform | None = None,
+    ) -> None:
+        super().__init__()
+        items = [sources] if isinstance(sources, str | Source) else list(sources)
+        if not items:
+            raise ConfigError("StreamingDataset needs at least one source")
+        specs = [s if isinstance(s, Source) else Source(s) for s in items]
+        self.server = server
+        self.resolved: list[ResolvedSource] = [resolve_source(s, server) for s in specs]
+        columns = ColumnSpec(
+            [(r.source.uri, r.shards[0]) for r in self.resolved], decode or DecodeOptions()
+        )
+        self.topology = topology if topology is not None else Topology.discover()
+        self.stream = BatchStream(
+            self.resolved,
+            batch_size,
+            topology=self.topology,
+            plan=plan or PlanOptions(),
+            cache=cache or CacheOptions(),
+            spec=columns,
+            transform=transform,
+        )
+        self._epoch = 0
+        self._next = 0  # next batch this process yields (its own, when a worker)
+        self._slot: tuple[int, int] | None = None
+        self._resume: ReaderState | None = None
+
+    # -- epochs -------------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the current (or next) pass reads."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read ``epoch`` on the next pass. Keeps a loaded resume position of that epoch."""
+        if epoch < 0:
+            raise ConfigError(f"epoch must be >= 0, got {epoch}")
+        if self._resume is not None and self._resume.epoch == epoch:
+            return
+        if epoch != self._epoch:
+            self._resume = None
+            self._epoch, self._next, self._slot = epoch, 0, None
+
+    @property
+    def num_batches(self) -> int:
+        """Batches per rank in the current epoch (equal on every rank)."""
+        return self.stream.num_batches(self._epoch)
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    # -- iteration ------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        worker = current_worker()
+        w, n = worker.worker_id, worker.num_workers
+        epoch, start = self._start_position(w, n)
+        if start >= self.stream.num_batches(epoch):
+            epoch, start = epoch + 1, w  # resumed exactly at the end of an epoch
+        self._epoch, self._slot = epoch, (w, n) if n > 1 else None
+        self._next = start
+        try:
+            for b, batch in self.stream.batches(epoch, start, n):
+                # Advance before yielding: a state taken while the consumer holds this
+                # batch must count it (torchdata snapshots right after the yield).
+                self._next = b + n
+                yield batch
+            self._epoch, self._next = epoch + 1, w
+        finally:
+            self.stream.close()
+
+    def _start_position(self, w: int, n: int) -> tuple[int, int]:
+        resume, self._resume = self._resume, None
+        if resume is None:
+            return self._epoch, w
+        if resume.worker is not None:
+            if resume.worker != (w, n):
+                raise ResumeError(
+                    f"this state is DataLoader worker {resume.worker[0]} of {resume.worker[1]}'s "
+                    f"own position, but it was loaded into worker {w} of {n}; resume with the "
+                    "same num_workers, or from a loader-level state"
+                )
+            return resume.epoch, resume.batch
+        return resume.epoch, resume.batch + w
+
+    # -- torchdata Stateful protocol -----------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """This process's position as a plain dict (see :class:`ReaderState`).
+
+        In the main process (``num_workers=0``) the position is the number of global
+        batches consumed; in a DataLoader worker it is that worker's own next batch, which
+        is what ``StatefulDataLoader`` stores per worker.
+        """
+        if self._resume is not None:
+            return self._resume.to_dict()
+        epoch, batch = self._epoch, self._next
+        if batch >= self.stream.num_batches(epoch):  # the pass is complete: next epoch
+            epoch, batch = epoch + 1, 0 if self._slot is None else self._slot[0]
+        state = ReaderState(
+            epoch,
+            batch,
+            self.stream.plan_params(),
+            self.stream.versions,
+            self.stream.weights,
+            self._slot,
+        )
+        return state.to_dict()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Resume from a :meth:`state_dict` (of this dataset, a worker, or the loader)."""
+        state = ReaderState.from_dict(state_dict)
+        self.stream.accept(state)
+        self._resume = state
+        self._epoch = state.epoch

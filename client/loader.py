@@ -1,0 +1,257 @@
+"""``ShardstreamLoader``: the fast path from shards to the training loop.
+
+``num_workers`` forked worker processes each build whole batches (one gather per shard
+run) straight into a ring of shared-memory slots and pass the main process only slot
+indices (see :mod:`shardstream.client.ring`). Worker ``w`` builds the rank's batches
+``b0 + w, b0 + w + n, ...`` and the main process takes them round-robin, so batches reach
+the training loop in plan order.
+
+The loader counts the batches the training loop actually took, not what workers have
+prefetched: :meth:`state_dict` is ``(epoch, batches consumed)`` plus the plan parameters
+and version ids, and :meth:`load_state_dict` restarts the workers at that batch, O(1).
+
+>>> loader = ShardstreamLoader(dataset, num_workers=2)            # doctest: +SKIP
+>>> for epoch in range(loader.epoch, 10):                          # doctest: +SKIP
+...     loader.set_epoch(epoch)
+...     for batch in loader:
+...         train_step(batch)
+...     torch.save({"data": loader.state_dict()}, "ckpt.pt")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+from collections.abc import Iterator, Mapping
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from shardstream.client._worker import worker_main
+from shardstream.client.dataset import StreamingDataset
+from shardstream.client.ring import BatchRing
+from shardstream.client.state import ReaderState
+from shardstream.errors import ConfigError, ShardstreamError
+
+__all__ = ["ShardstreamLoader", "WorkerError"]
+
+_POLL_S = 1.0
+
+
+class WorkerError(ShardstreamError):
+    """A loader worker raised, or died (e.g. killed by the OOM killer)."""
+
+
+class _Worker:
+    def __init__(
+        self, proc: BaseProcess, ring: BatchRing, cmd: Connection, data: Connection
+    ) -> None:
+        self.proc, self.ring, self.cmd, self.data = proc, ring, cmd, data
+
+
+class ShardstreamLoader:
+    """Iterates a :class:`StreamingDataset`'s batches with fast worker processes.
+
+    ``num_workers=0`` builds batches in the calling process. ``prefetch`` is the number of
+    ring slots (batches in flight) per worker. With ``copy=True`` (default) every batch is
+    copied out of its slot (one memcpy) so it can be kept as long as you like; with
+    ``copy=False`` the batch tensors view the slot and stay valid only until the next batch
+    is requested. ``resume`` (``"latest"`` or a step) loads the state committed to the
+    server for the dataset's run (``ServerOptions(run=...)``).
+    """
+
+    def __init__(
+        self,
+        dataset: StreamingDataset,
+        *,
+        num_workers: int = 2,
+        prefetch: int = 4,
+        copy: bool = True,
+        resume: str | int | None = None,
+    ) -> None:
+        if num_workers < 0 or prefetch < 1:
+            raise ConfigError(
+                f"num_workers must be >= 0 and prefetch >= 1 (got {num_workers}, {prefetch})"
+            )
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.prefetch = prefetch
+        self.copy = copy
+        self._epoch, self._consumed = dataset.epoch, 0
+        self._workers: list[_Worker] = []
+        self._gen = 0
+        self._held: tuple[_Worker, int, int] | None = None  # slot lent out with copy=False
+        if resume is not None:
+            from shardstream.client._server import load_checkpoint
+
+            self.load_state_dict(load_checkpoint(dataset, resume))
+
+    # -- position -----------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being (or next to be) read."""
+        return self._epoch
+
+    def __len__(self) -> int:
+        return self.dataset.stream.num_batches(self._epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read ``epoch`` next; a no-op if already positioned in it (e.g. after a resume)."""
+        if epoch < 0:
+            raise ConfigError(f"epoch must be >= 0, got {epoch}")
+        self._epoch, self._consumed = self._normalized()
+        if epoch != self._epoch:
+            self._epoch, self._consumed = epoch, 0
+
+    def _normalized(self) -> tuple[int, int]:
+        if self._consumed >= self.dataset.stream.num_batches(self._epoch):
+            return self._epoch + 1, 0
+        return self._epoch, self._consumed
+
+    def state_dict(self) -> dict[str, Any]:
+        """``(epoch, batches consumed)`` + plan parameters + version ids, as a plain dict."""
+        epoch, batch = self._normalized()
+        stream = self.dataset.stream
+        return ReaderState(
+            epoch, batch, stream.plan_params(), stream.versions, stream.weights
+        ).to_dict()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Continue from ``state_dict``: the next batch is the first one not consumed."""
+        state = ReaderState.from_dict(state_dict)
+        stream = self.dataset.stream
+        stream.accept(state)
+        if state.worker is not None:
+            raise ConfigError(
+                "this is one DataLoader worker's state; give the loader's own state_dict()"
+            )
+        self._epoch, self._consumed = state.epoch, state.batch
+
+    def commit(self, step: int) -> None:
+        """Store the current state on the server as the run's checkpoint at ``step``."""
+        from shardstream.client._server import commit_checkpoint
+
+        commit_checkpoint(self.dataset, step, self.state_dict())
+
+    # -- iteration ------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        self._epoch, self._consumed = self._normalized()
+        epoch, start = self._epoch, self._consumed
+        if self.num_workers == 0:
+            return self._iter_local(epoch, start)
+        return self._iter_workers(epoch, start)
+
+    def _iter_local(self, epoch: int, start: int) -> Iterator[dict[str, Any]]:
+        stream = self.dataset.stream
+        for b, batch in stream.batches(epoch, start):
+            self._consumed = b + 1
+            yield batch
+
+    def _iter_workers(self, epoch: int, start: int) -> Iterator[dict[str, Any]]:
+        self._ensure_workers()
+        self._release_held()
+        self._gen += 1
+        gen, n = self._gen, self.num_workers
+        for w, worker in enumerate(self._workers):
+            worker.cmd.send(("start", gen, epoch, start + w, n))
+        total = self.dataset.stream.num_batches(epoch)
+        for b in range(start, total):
+            worker = self._workers[(b - start) % n]
+            batch = self._receive(worker, gen, b)
+            if self._gen != gen:
+                return  # a newer pass took over the workers
+            self._consumed = b + 1
+            yield batch
+            self._release_held()
+
+    def _receive(self, worker: _Worker, gen: int, b: int) -> dict[str, Any]:
+        while True:
+            while not worker.data.poll(_POLL_S):
+                if not worker.proc.is_alive():
+                    raise WorkerError(
+                        f"loader worker pid {worker.proc.pid} exited with code "
+                        f"{worker.proc.exitcode} while building batch {b}; check memory (OOM) "
+                        "and the worker's log"
+                    )
+            msg = worker.data.recv()
+            if msg[1] != gen:
+                continue
+            if msg[0] == "error":
+                raise WorkerError(f"loader worker failed on batch {b}: {msg[2]}")
+            if msg[0] == "end" or msg[2] != b:
+                raise WorkerError(f"loader worker sent {msg[0]} {msg[2:3]} where batch {b} was due")
+            _, _, _, slot, refs, rest, names = msg
+            out: dict[str, Any] = {}
+            for name, ref in refs.items():
+                tensor = worker.ring.tensor(slot, ref)
+                out[name] = tensor.clone() if self.copy else tensor
+            out.update(rest)
+            if self.copy:
+                worker.cmd.send(("free", gen, slot))
+            else:
+                self._held = (worker, gen, slot)
+            return {name: out[name] for name in names}  # the columns' order as built
+
+    def _release_held(self) -> None:
+        if self._held is not None:
+            worker, gen, slot = self._held
+            self._held = None
+            if worker.proc.is_alive():
+                worker.cmd.send(("free", gen, slot))
+
+    def _ensure_workers(self) -> None:
+        if self._workers and all(w.proc.is_alive() for w in self._workers):
+            return
+        self.close()
+        ctx = mp.get_context("fork")  # the rings are inherited mappings: fork is required
+        slot_bytes = _slot_bytes(self.dataset)
+        for w in range(self.num_workers):
+            ring = BatchRing(self.prefetch, slot_bytes)
+            cmd_recv, cmd_send = ctx.Pipe(duplex=False)
+            data_recv, data_send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(
+                target=worker_main,
+                args=(self.dataset.stream, ring, cmd_recv, data_send),
+                name=f"shardstream-loader-{w}",
+                daemon=True,
+            )
+            proc.start()
+            cmd_recv.close()
+            data_send.close()
+            self._workers.append(_Worker(proc, ring, cmd_send, data_recv))
+
+    def close(self) -> None:
+        """Stop the workers (they are daemons, so they also end with this process)."""
+        self._held = None
+        for worker in self._workers:
+            with contextlib.suppress(BrokenPipeError, OSError):
+                worker.cmd.send(("stop",))
+        for worker in self._workers:
+            worker.proc.join(timeout=5)
+            if worker.proc.is_alive():
+                worker.proc.kill()
+                worker.proc.join()
+            worker.cmd.close()
+            worker.data.close()
+        self._workers = []
+
+    def __enter__(self) -> ShardstreamLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+def _slot_bytes(dataset: StreamingDataset) -> int:
+    """Bytes one batch of fixed-size columns (and sample ids) needs, with alignment."""
+    stream = dataset.stream
+    shard = stream.sources[0].shards[0]
+    sizes = dict(zip(shard.column_names, shard.column_sizes, strict=True))
+    per_sample = sum(sizes[name] or 0 for name in stream.spec.fixed) + 8
+    return stream.batch_size * per_sample + 64 * (len(stream.spec.names) + 1)

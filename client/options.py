@@ -1,0 +1,177 @@
+"""Grouped, validated options of :class:`~shardstream.client.StreamingDataset`.
+
+Each group is a small frozen dataclass, so a configuration reads as a few named values
+and can be shared between runs: ``PlanOptions`` (sample order), ``CacheOptions`` (node
+cache and downloads), ``DecodeOptions`` (what a batch holds), ``ServerOptions`` (the
+metadata server for named datasets and checkpoints), and ``Source`` (one dataset of a
+mixture).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from shardstream.errors import ConfigError
+
+__all__ = ["CacheOptions", "DecodeOptions", "PlanOptions", "ServerOptions", "Source"]
+
+TailPolicy = Literal["drop", "pad"]
+
+
+@dataclass(frozen=True)
+class Source:
+    """One dataset of a (possibly one-element) mixture, and how much of it an epoch takes.
+
+    ``uri`` is a dataset on the server (``"name"`` or ``"name@version"``) or the URL of an
+    MDS ``index.json`` (``s3://bucket/prefix/index.json``, ``https://...``, a local path;
+    a folder means its ``index.json``). Set at most one of:
+
+    * nothing: every sample once per epoch;
+    * ``weight``: a proportion; weighted sources share the epoch (``PlanOptions.epoch_size``,
+      default their own total) in proportion to their weights, repeating or subsampling;
+    * ``repeat``: ``round(repeat x samples)`` per epoch (0.5 = half, 2 = twice);
+    * ``samples``: exactly this many samples per epoch.
+
+    >>> Source("s3://bucket/tokens/index.json", weight=0.7)
+    Source(uri='s3://bucket/tokens/index.json', weight=0.7, repeat=None, samples=None)
+    """
+
+    uri: str
+    weight: float | None = None
+    repeat: float | None = None
+    samples: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.uri:
+            raise ConfigError("Source.uri is empty: give a dataset name or an index.json URL")
+        modes = [m for m in ("weight", "repeat", "samples") if getattr(self, m) is not None]
+        if len(modes) > 1:
+            raise ConfigError(f"Source({self.uri!r}): set only one of {', '.join(modes)}")
+        for mode in ("weight", "repeat"):
+            value = getattr(self, mode)
+            if value is not None and not value > 0:
+                raise ConfigError(f"Source({self.uri!r}).{mode} must be > 0, got {value}")
+        if self.samples is not None and self.samples < 1:
+            raise ConfigError(f"Source({self.uri!r}).samples must be >= 1, got {self.samples}")
+
+    @property
+    def is_url(self) -> bool:
+        """True for an ``index.json`` URL or path, False for a server dataset name."""
+        return "://" in self.uri or "/" in self.uri or self.uri.endswith(".json")
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """The epoch plan: order, tail policy and canonical partitions.
+
+    ``num_partitions`` (``P``) must stay the same for a whole run; it is saved in the
+    state, and a resumed reader that leaves it ``None`` adopts the saved value. The default
+    for a fresh run is the largest divisor of the global batch size up to
+    ``max(8, world size)`` that the world size divides or divides: elastic resume works for
+    world sizes that divide ``P`` or that ``P`` divides. ``window`` is the plan's mixing
+    window in samples per partition (``None``: the plan's default). ``epoch_size`` is the
+    number of samples weighted sources share per epoch (``None``: their total).
+    """
+
+    shuffle: bool = True
+    seed: int = 0
+    tail: TailPolicy = "drop"
+    num_partitions: int | None = None
+    window: int | None = None
+    epoch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.tail not in ("drop", "pad"):
+            raise ConfigError(f"PlanOptions.tail must be 'drop' or 'pad', got {self.tail!r}")
+        if self.num_partitions is not None and self.num_partitions < 1:
+            raise ConfigError(f"PlanOptions.num_partitions must be >= 1, got {self.num_partitions}")
+        for name in ("window", "epoch_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"PlanOptions.{name} must be >= 1, got {value}")
+
+
+def default_cache_dir() -> Path:
+    """``$SHARDSTREAM_CACHE_DIR``, else ``<tmp>/shardstream-cache-<uid>`` (one per node)."""
+    env = os.environ.get("SHARDSTREAM_CACHE_DIR")
+    if env:
+        return Path(env)
+    return Path(tempfile.gettempdir()) / f"shardstream-cache-{os.getuid()}"
+
+
+@dataclass(frozen=True)
+class CacheOptions:
+    """The node-local shard cache and the downloads that fill it.
+
+    ``dir`` is shared by every rank and worker of a node (default
+    :func:`default_cache_dir`); ``limit_bytes`` bounds it (LRU, never evicting a shard in
+    use; it must hold at least the shards open at once). ``download_threads`` is the
+    number of parallel shard downloads per worker process; ``prefetch_shards`` how many
+    shards ahead of the one being read are fetched; ``open_shards`` how many shards a
+    worker keeps leased and memory-mapped.
+    """
+
+    dir: Path | None = None
+    limit_bytes: int | None = None
+    download_threads: int = 2
+    prefetch_shards: int = 2
+    open_shards: int = 8
+
+    def __post_init__(self) -> None:
+        if self.limit_bytes is not None and self.limit_bytes < 1:
+            raise ConfigError(f"CacheOptions.limit_bytes must be >= 1, got {self.limit_bytes}")
+        for name in ("download_threads", "open_shards"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"CacheOptions.{name} must be >= 1, got {getattr(self, name)}")
+        if self.prefetch_shards < 0:
+            raise ConfigError(
+                f"CacheOptions.prefetch_shards must be >= 0, got {self.prefetch_shards}"
+            )
+
+    @property
+    def root(self) -> Path:
+        """The cache folder in force."""
+        return self.dir if self.dir is not None else default_cache_dir()
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """What a batch holds.
+
+    ``columns`` limits the batch to these columns (default all). ``decode_images`` turns
+    ``jpeg``/``png`` columns into ``uint8`` tensors ``(H, W, C)`` with Pillow (else raw
+    bytes). ``sample_ids`` adds ``"sample_id"``: the int64 global id of every sample (its
+    position in the concatenated sources), handy to check order and exactly-once.
+    """
+
+    columns: tuple[str, ...] | None = None
+    decode_images: bool = True
+    sample_ids: bool = False
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """The metadata server: ``url`` (default ``$SHARDSTREAM_SERVER``), ``token`` (default
+    ``$SHARDSTREAM_TOKEN``), and an optional ``run`` id for checkpoint commits."""
+
+    url: str | None = None
+    token: str | None = None
+    run: int | str | None = None
+
+    def resolved_url(self) -> str:
+        """The server URL in force; :class:`ConfigError` if none is configured."""
+        url = self.url or os.environ.get("SHARDSTREAM_SERVER")
+        if not url:
+            raise ConfigError(
+                "no shardstream server configured: set ServerOptions(url=...) or "
+                "SHARDSTREAM_SERVER, or give the dataset as an index.json URL"
+            )
+        return url
+
+    def resolved_token(self) -> str | None:
+        """The token in force (``$SHARDSTREAM_TOKEN`` by default)."""
+        return self.token or os.environ.get("SHARDSTREAM_TOKEN")
