@@ -11,5 +11,6 @@ See ``docs/plan.md`` for the algorithm and why each property holds.
 
 from shardstream.client.plan._config import PlanConfig, SourceSpec, Tail
 from shardstream.client.plan._epoch import EpochPlan
+from shardstream.client.plan._state import PlanState
 
-__all__ = ["EpochPlan", "PlanConfig", "SourceSpec", "Tail"]
+__all__ = ["EpochPlan", "PlanConfig", "PlanState", "SourceSpec", "Tail"]

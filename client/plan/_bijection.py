@@ -2,9 +2,10 @@
 
 The plan never materializes a permutation of samples. Wherever it needs "a random order of
 ``n`` things" it evaluates :func:`permute` at the indices it needs: a 4-round Feistel network
-over the smallest even-width bit domain that holds ``n``, with cycle walking to stay inside
-``[0, n)``. That is a true bijection for every key, costs O(1) memory, and O(1) time per
-element (the domain is < 4n, so the expected number of walks is < 4 and in practice ~1.5).
+on the mixed-radix domain ``[0, a) x [0, b)`` with ``a = ceil(sqrt(n))``, ``b = ceil(n / a)``,
+with cycle walking to stay inside ``[0, n)``. That is a true bijection for every key, costs
+O(1) memory and O(1) time per element (the domain exceeds ``n`` by < ``sqrt(n)``, so a
+second pass is rare).
 
 Everything here is plain 64-bit integer arithmetic (splitmix64 finalizers), so the result
 is identical on every machine and every numpy version: unlike ``numpy.random.Generator``,
@@ -63,27 +64,46 @@ def keys_for(base: int, *parts: ArrayLike) -> U64:
     return np.asarray(h, dtype=np.uint64)
 
 
-def _half_bits(n: U64) -> U64:
-    """Half the width of the smallest even bit domain holding ``[0, n)`` (at least 1 bit)."""
-    nm1 = np.maximum(n, np.uint64(2)) - np.uint64(1)
-    # float log2 is exact enough to land within one bit; fix it up with integer checks.
-    bits = np.floor(np.log2(nm1.astype(np.float64))).astype(np.uint64) + np.uint64(1)
-    too_small = (np.uint64(1) << bits) <= nm1
-    bits = bits + too_small.astype(np.uint64)
-    too_big = (bits > 1) & ((np.uint64(1) << (bits - np.uint64(1))) > nm1)
-    bits = bits - too_big.astype(np.uint64)
-    out: U64 = (bits + np.uint64(1)) >> np.uint64(1)
+def _isqrt_ceil(n: U64) -> U64:
+    """``ceil(sqrt(n))`` elementwise, exact for every uint64 below 2**62."""
+    r = np.ceil(np.sqrt(n.astype(np.float64))).astype(np.uint64)
+    # The float estimate can be off by one either way near large perfect squares.
+    r = r - ((r > 0) & ((r - np.uint64(1)) * (r - np.uint64(1)) >= n)).astype(np.uint64)
+    r = r + (r * r < n).astype(np.uint64)
+    return r
+
+
+def _round(x: U64, key: U64, radix: U64) -> U64:
+    """A keyed hash of ``x`` reduced to ``[0, radix)`` (radix < 2**32).
+
+    Two multiply-xorshift steps, then Lemire's multiply-shift reduction instead of ``%``:
+    integer division is the slowest ufunc numpy has.
+    """
+    z = (x ^ key) * np.uint64(_C1)
+    z = (z ^ (z >> np.uint64(29))) * np.uint64(_C2)
+    out: U64 = ((z >> np.uint64(32)) * radix) >> np.uint64(32)
     return out
 
 
-def _feistel(x: U64, half: U64, key: U64) -> U64:
-    mask = (np.uint64(1) << half) - np.uint64(1)
-    left = x >> half
-    right = x & mask
+def _feistel(x: U64, a: U64, b: U64, key: U64) -> U64:
+    """A 4-round Feistel network on the mixed-radix domain ``[0, a) x [0, b)``.
+
+    Each round adds a keyed hash of one half to the other modulo its radix, which is
+    invertible, so the network is a bijection of ``[0, a * b)`` for any ``a`` and ``b``.
+    With ``a, b ~ sqrt(n)`` the domain exceeds ``n`` by less than ``sqrt(n)``: cycle walking
+    almost never has to run a second pass (unlike a power-of-two domain, up to 4x ``n``).
+    """
+    left = x // b
+    right = x - left * b
     for i in range(_ROUNDS):
         round_key = key + np.uint64((i + 1) * _GOLDEN & _M64)
-        left, right = right, left ^ (mix64_array(right ^ round_key) & mask)
-    out: U64 = (left << half) | right
+        if i % 2 == 0:
+            left = left + _round(right, round_key, a)
+            left = np.where(left >= a, left - a, left)
+        else:
+            right = right + _round(left, round_key, b)
+            right = np.where(right >= b, right - b, right)
+    out: U64 = left * b + right
     return out
 
 
@@ -102,12 +122,12 @@ def permute(x: ArrayLike, n: ArrayLike, key: ArrayLike) -> I64:
     ks = np.broadcast_to(np.asarray(key, dtype=np.uint64), xs.shape)
     if xs.size == 0:
         return xs.astype(np.int64)
-    half = _half_bits(ns)
-    y = _feistel(xs, half, ks)
-    out = np.where(ns <= 1, xs, y)
+    a = np.maximum(_isqrt_ceil(ns), np.uint64(1))
+    b = np.maximum((ns + a - np.uint64(1)) // a, np.uint64(1))
+    out = _feistel(xs, a, b, ks)
     todo = np.flatnonzero(out >= ns)
     # Cycle walking: re-encrypt values that fell outside [0, n) until they land inside.
     while todo.size:
-        out[todo] = _feistel(out[todo], half[todo], ks[todo])
+        out[todo] = _feistel(out[todo], a[todo], b[todo], ks[todo])
         todo = todo[out[todo] >= ns[todo]]
     return out.astype(np.int64)

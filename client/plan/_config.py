@@ -136,7 +136,8 @@ class SourceSpec:
       the samples of the ``repeat``/``count`` sources (default: their own total) in
       proportion to their weights.
 
-    ``name`` (e.g. ``"dataset@version"``) is used in error messages only.
+    ``name`` should carry the version id (e.g. ``"books@v3"``): it appears in error messages
+    and in the plan's fingerprint, so a resume state cannot be applied to another version.
 
     >>> SourceSpec(shard_sizes=np.array([100, 100]), repeat=0.5).shard_sizes.tolist()
     [100, 100]

@@ -29,7 +29,8 @@ from numpy.typing import ArrayLike, NDArray
 from shardstream.client.plan._bijection import derive_key, keys_for, permute
 from shardstream.client.plan._config import PlanConfig, SourceSpec
 from shardstream.client.plan._mixture import SpanTable, build_spans, source_totals
-from shardstream.errors import PlanError
+from shardstream.client.plan._state import PlanState
+from shardstream.errors import PlanError, ResumeError
 
 I64 = NDArray[np.int64]
 
@@ -112,9 +113,37 @@ class EpochPlan:
         """
         h = hashlib.sha256(repr(self.config).encode())
         for s in self.sources:
-            h.update(repr((s.weight, s.repeat, s.count)).encode())
+            h.update(repr((s.name, s.weight, s.repeat, s.count)).encode())
             h.update(np.ascontiguousarray(s.shard_sizes, dtype="<i8").tobytes())
         return h.hexdigest()[:32]
+
+    def state(self, batches: int) -> PlanState:
+        """The resume state after ``batches`` global batches of this epoch."""
+        if not 0 <= batches <= self.num_batches:
+            raise PlanError(f"batches={batches} is outside 0 .. {self.num_batches}")
+        return PlanState(self.epoch, batches, self.config.global_batch_size, self.fingerprint)
+
+    def resume_batch(self, state: PlanState) -> int:
+        """The first global batch to read when resuming ``state`` with this plan (O(1)).
+
+        Raises :class:`ResumeError` when the state was made with other sources, versions or
+        plan parameters, for another epoch, or past this epoch's end.
+        """
+        if state.fingerprint != self.fingerprint:
+            raise ResumeError(
+                f"resume state was made with a different plan (fingerprint "
+                f"{state.fingerprint} != {self.fingerprint}): sources, versions, weights, "
+                f"seed, global_batch_size, num_partitions, shuffle, tail, window and "
+                f"epoch_size must all match the interrupted run"
+            )
+        if state.epoch != self.epoch:
+            raise ResumeError(f"resume state is for epoch {state.epoch}, plan is {self.epoch}")
+        if state.batches > self.num_batches:
+            raise ResumeError(
+                f"resume state is at batch {state.batches}, past the epoch's "
+                f"{self.num_batches} batches"
+            )
+        return state.batches
 
     # ---- the order -----------------------------------------------------------------------
     def _items(self, part: I64, t: I64) -> I64:
@@ -159,12 +188,26 @@ class EpochPlan:
 
     def rank_batch(self, b: int, rank: int, world_size: int) -> I64:
         """Global sample ids of ``rank``'s part of global batch ``b`` (``B / world_size``)."""
-        self._check_batch(b)
+        return self.rank_batches(np.array([b]), rank, world_size)[0]
+
+    def rank_batches(self, batches: ArrayLike, rank: int, world_size: int) -> I64:
+        """Several of ``rank``'s batches at once, shape ``(len(batches), B / world_size)``.
+
+        One vectorized evaluation: a loader worker computing its next dozens of batches in
+        one call pays numpy's per-call overhead once instead of per batch.
+        """
+        bs = np.asarray(batches, dtype=np.int64).reshape(-1)
+        if bs.size and (bs.min() < 0 or bs.max() >= self.num_batches):
+            bad = bs[(bs < 0) | (bs >= self.num_batches)][0]
+            self._check_batch(int(bad))
         parts, lo, hi = self.rank_layout(rank, world_size)
         q = self.config.partition_batch_size
         slots = np.arange(lo, hi, dtype=np.int64)
-        t = np.tile(b * q + slots, parts.size)
-        return self._items(np.repeat(parts, slots.size), t)
+        shape = (bs.size, parts.size, slots.size)
+        t = bs[:, None, None] * q + slots[None, None, :]
+        part = np.broadcast_to(parts[None, :, None], shape).ravel()
+        ids = self._items(part, np.broadcast_to(t, shape).ravel())
+        return ids.reshape(bs.size, parts.size * slots.size)
 
     def global_batches(self, start: int, stop: int) -> I64:
         """Ids of global batches ``start .. stop-1`` concatenated (each in rank order)."""

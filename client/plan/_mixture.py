@@ -125,13 +125,13 @@ def build_spans(
         floors = _floor_div_scaled(rest, cum, phi, n_src)
         counts = full * sizes + np.diff(floors)
         gidx = np.arange(sizes.size, dtype=np.int64) + shard_base
-        if not config.shuffle:
-            keys = np.zeros(sizes.size, dtype=np.uint64)
-            rot = np.zeros(sizes.size, dtype=np.int64)
-        elif rest == 0:
+        if rest == 0:
+            # Whole repeats: nothing to rotate; a fresh in-shard order every epoch instead.
             keys = keys_for(derive_key(config.seed, epoch, _TAG_SIGMA), gidx)
             rot = np.zeros(sizes.size, dtype=np.int64)
         else:
+            # Fractional share: a fixed in-shard order, read from a cursor that advances by
+            # the shard's share each epoch (also without shuffle, for coverage).
             keys = keys_for(derive_key(config.seed, _TAG_SIGMA), gidx)
             start = keys_for(derive_key(config.seed, _TAG_CURSOR), gidx)
             safe = np.maximum(sizes, 1)

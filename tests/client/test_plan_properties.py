@@ -1,0 +1,225 @@
+"""Property tests of the epoch plan (DESIGN §3) over random shard sizes, topologies, batch
+sizes, seeds, epochs, windows and tail policies."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shardstream.client.plan import EpochPlan, PlanConfig, SourceSpec
+
+SETTINGS = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+)
+
+
+@dataclass
+class Case:
+    sizes: np.ndarray
+    cfg: PlanConfig
+    epoch: int
+
+    def __repr__(self) -> str:
+        return f"Case(sizes={self.sizes.tolist()}, cfg={self.cfg}, epoch={self.epoch})"
+
+    def plan(self) -> EpochPlan:
+        return EpochPlan([SourceSpec(shard_sizes=self.sizes)], self.cfg, epoch=self.epoch)
+
+
+@st.composite
+def cases(draw: st.DrawFn, max_shards: int = 40) -> Case:
+    parts = draw(st.sampled_from([1, 2, 4, 8]))
+    q = draw(st.sampled_from([1, 2, 3, 4, 6, 8]))
+    sizes = np.array(
+        draw(st.lists(st.integers(0, 60), min_size=1, max_size=max_shards)), dtype=np.int64
+    )
+    if sizes.sum() == 0:
+        sizes[0] = 1
+    tail = draw(st.sampled_from(["drop", "pad"]))
+    if tail == "drop" and sizes.sum() < parts * q:
+        sizes[0] += parts * q
+    cfg = PlanConfig(
+        seed=draw(st.integers(0, 2**40)),
+        global_batch_size=parts * q,
+        num_partitions=parts,
+        shuffle=draw(st.booleans()),
+        tail=tail,
+        window=draw(st.one_of(st.none(), st.integers(1, 200))),
+    )
+    return Case(sizes, cfg, draw(st.integers(0, 5)))
+
+
+def world_sizes(cfg: PlanConfig) -> list[int]:
+    """Every world size the config supports up to 64."""
+    return [
+        w
+        for w in range(1, 65)
+        if cfg.global_batch_size % w == 0
+        and (cfg.num_partitions % w == 0 or w % cfg.num_partitions == 0)
+    ]
+
+
+@given(cases())
+@SETTINGS
+def test_exactly_once_with_tail(case: Case) -> None:
+    plan = case.plan()
+    m, positions = int(case.sizes.sum()), plan.num_positions
+    order = plan.global_batches(0, plan.num_batches)
+    assert order.size == positions
+    counts = Counter(order.tolist())
+    if case.cfg.tail == "drop":
+        assert positions == m // case.cfg.global_batch_size * case.cfg.global_batch_size
+        assert max(counts.values()) == 1, "a sample repeats within an epoch"
+        assert m - positions < case.cfg.global_batch_size
+    else:
+        assert set(counts) == set(range(m)), "a sample is missing from a padded epoch"
+        assert 0 <= positions - m < case.cfg.global_batch_size
+        # Padding repeats whole wrap-arounds only: no sample more than ceil(positions/m).
+        assert max(counts.values()) <= -(-positions // m)
+    assert order.min() >= 0 and order.max() < m
+
+
+@given(cases())
+@SETTINGS
+def test_every_rank_same_batches_and_ranks_tile_the_global_batch(case: Case) -> None:
+    plan = case.plan()
+    b_sz = case.cfg.global_batch_size
+    batches = np.arange(plan.num_batches)
+    full = plan.global_batches(0, plan.num_batches).reshape(plan.num_batches, b_sz)
+    for world in world_sizes(case.cfg):
+        per_rank = [plan.rank_batches(batches, r, world) for r in range(world)]
+        for got in per_rank:
+            assert got.shape == (plan.num_batches, b_sz // world)
+        np.testing.assert_array_equal(np.concatenate(per_rank, axis=1), full)
+
+
+@given(cases(), st.data())
+@SETTINGS
+def test_node_locality_bound(case: Case, data: st.DataObject) -> None:
+    """A node reads a contiguous slice of the epoch's items: its distinct shards add up to
+    at most its share plus two boundary shards (plus the pad wrap for the last node)."""
+    plan = case.plan()
+    cfg = case.cfg
+    p = cfg.num_partitions
+    nodes = data.draw(st.sampled_from([n for n in (1, 2, 4, 8) if p % n == 0]))
+    ranks_per_node = data.draw(
+        st.sampled_from([r for r in (1, 2, 4) if cfg.global_batch_size % (nodes * r) == 0])
+    )
+    world = nodes * ranks_per_node
+    if p % world and world % p:
+        return
+    max_shard = int(case.sizes.max())
+    batches = np.arange(plan.num_batches)
+    node_items = plan.num_positions // nodes
+    pad = plan.num_positions - plan.num_samples if cfg.tail == "pad" else 0
+    seen_by_nodes: list[set[int]] = []
+    for node in range(nodes):
+        ranks = range(node * ranks_per_node, (node + 1) * ranks_per_node)
+        ids = np.concatenate([plan.rank_batches(batches, r, world).ravel() for r in ranks])
+        shards = set(plan.locate(ids)[0].tolist())
+        seen_by_nodes.append(shards)
+        node_bytes = int(case.sizes[list(shards)].sum())
+        bound = node_items + 2 * max_shard + (pad + 2 * max_shard if node == nodes - 1 else 0)
+        assert node_bytes <= bound
+        # rank_shards lists (a superset of) what the ranks actually read.
+        listed = set()
+        for r in ranks:
+            listed |= set(plan.rank_shards(r, world).tolist())
+        assert shards <= listed
+    # Only boundary shards are shared: a shard is read by at most the nodes its items cross.
+    for shard in set().union(*seen_by_nodes) if pad == 0 else ():
+        readers = sum(shard in s for s in seen_by_nodes)
+        assert readers <= -(-int(case.sizes[shard]) // max(node_items, 1)) + 2
+
+
+def test_locality_at_scale_within_ten_percent() -> None:
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(500, 1500, size=4000)
+    for nodes, ranks_per_node, parts in [(8, 8, 64), (16, 4, 64), (32, 2, 64), (4, 8, 64)]:
+        world = nodes * ranks_per_node
+        cfg = PlanConfig(seed=1, global_batch_size=512, num_partitions=parts)
+        plan = EpochPlan([SourceSpec(shard_sizes=sizes)], cfg, epoch=2)
+        for node in (0, nodes // 2, nodes - 1):
+            shards: set[int] = set()
+            for r in range(node * ranks_per_node, (node + 1) * ranks_per_node):
+                shards |= set(plan.rank_shards(r, world).tolist())
+            ratio = sizes[list(shards)].sum() / (sizes.sum() / nodes)
+            assert ratio <= 1.1, (nodes, ranks_per_node, node, ratio)
+
+
+@given(cases(), st.data())
+@SETTINGS
+def test_resume_at_random_position_is_identical(case: Case, data: st.DataObject) -> None:
+    plan = case.plan()
+    world = data.draw(st.sampled_from(world_sizes(case.cfg)))
+    start = data.draw(st.integers(0, plan.num_batches - 1))
+    rank = data.draw(st.integers(0, world - 1))
+    # A fresh plan built from the few integers of the state continues identically.
+    resumed = EpochPlan(
+        [SourceSpec(shard_sizes=case.sizes.copy())], PlanConfig(**vars(case.cfg)), case.epoch
+    )
+    assert resumed.fingerprint == plan.fingerprint
+    rest = np.arange(start, plan.num_batches)
+    np.testing.assert_array_equal(
+        resumed.rank_batches(rest, rank, world), plan.rank_batches(rest, rank, world)
+    )
+    # The prefetch list from the resume point covers every shard still to be read.
+    needed = set(plan.locate(plan.rank_batches(rest, rank, world).ravel())[0].tolist())
+    assert needed <= set(resumed.rank_shards(rank, world, start).tolist())
+
+
+def consume(plan: EpochPlan, world: int, workers: int, start: int, stop: int) -> np.ndarray:
+    """What a training job reads for global batches [start, stop): every rank's DataLoader
+    round-robins over its workers, each worker reading ``plan.worker_batches``."""
+    out = []
+    for rank in range(world):
+        streams = [list(plan.worker_batches(start, w, workers)) for w in range(workers)]
+        seq: list[int] = []
+        i = 0
+        while len(seq) < stop - start:
+            seq.append(streams[i % workers][i // workers])
+            i += 1
+        assert seq == list(range(start, stop)), "round-robin must yield batches in order"
+        out.append(plan.rank_batches(np.array(seq, dtype=np.int64), rank, world))
+    return np.concatenate(out, axis=1).ravel()
+
+
+@given(cases(), st.data())
+@SETTINGS
+def test_elastic_resume_keeps_global_order(case: Case, data: st.DataObject) -> None:
+    plan = case.plan()
+    worlds = world_sizes(case.cfg)
+    w1, w2 = data.draw(st.sampled_from(worlds)), data.draw(st.sampled_from(worlds))
+    k1, k2 = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 4))
+    cut = data.draw(st.integers(0, plan.num_batches))
+    before = consume(plan, w1, k1, 0, cut)
+    after = consume(plan, w2, k2, cut, plan.num_batches)
+    uninterrupted = plan.global_batches(0, plan.num_batches)
+    np.testing.assert_array_equal(np.concatenate([before, after]), uninterrupted)
+    if case.cfg.tail == "drop":
+        assert len(set(after.tolist()) & set(before.tolist())) == 0
+
+
+@given(cases())
+@SETTINGS
+def test_windows_bound_the_shards_in_flight(case: Case) -> None:
+    """Inside one partition, the shards between a sample and the next are those of at most
+    two neighbouring windows: a node never needs more than its windows' shards at once."""
+    plan = case.plan()
+    if not case.cfg.shuffle:
+        return
+    w, q = plan.window, case.cfg.partition_batch_size
+    for p in range(case.cfg.num_partitions):
+        ids = plan.global_batches(0, plan.num_batches).reshape(plan.num_batches, -1, q)[:, p]
+        positions = ids.ravel()
+        blocks = np.arange(positions.size) // w
+        for blk in np.unique(blocks):
+            in_block = positions[blocks == blk]
+            shards = np.unique(plan.locate(in_block)[0])
+            # window items cover at most window / min_nonempty_shard + 2 shards (+ wrap).
+            nonempty = case.sizes[case.sizes > 0]
+            assert shards.size <= w // nonempty.min() + 4
