@@ -78,6 +78,10 @@ class HTTPStore(RemoteStore):
 
     def resolve_urls(self, keys: Iterable[str]) -> None:
         """Resolve every key that has no fresh URL yet, ``batch_size`` keys per resolver call."""
+        self._resolve_missing(keys)
+
+    def _resolve_missing(self, keys: Iterable[str]) -> dict[str, str]:
+        resolved: dict[str, str] = {}
         with self._lock:
             missing = [check_key(k) for k in dict.fromkeys(keys) if not self._fresh(k)]
         for i in range(0, len(missing), self.batch_size):
@@ -95,6 +99,8 @@ class HTTPStore(RemoteStore):
                     raise StorageError(f"{self.name}: the resolver returned no URL for {key!r}")
             with self._lock:
                 self._urls.update((k, (u, _expires_at(u))) for k, u in urls.items())
+            resolved.update(urls)
+        return resolved
 
     def _fresh(self, key: str) -> bool:
         entry = self._urls.get(key)
@@ -104,8 +110,11 @@ class HTTPStore(RemoteStore):
         with self._lock:
             if self._fresh(key):
                 return self._urls[key][0]
-        self.resolve_urls([key])
-        return self._urls[key][0]
+        resolved = self._resolve_missing([key])
+        if key in resolved:
+            return resolved[key]
+        with self._lock:  # another thread resolved it meanwhile
+            return self._urls[key][0]
 
     def _refresh(self, key: str, stale: str) -> str:
         """Drop ``stale`` (unless another thread replaced it already) and resolve again."""
@@ -167,7 +176,8 @@ class HTTPStore(RemoteStore):
         else:
             resp.close()
             raise StorageError(f"{what}: response has no usable Content-Range/Content-Length")
-        return RangeBody(first, total, resp.headers.get("etag"), _chunks(resp, what), resp.close)
+        etag, chunks = resp.headers.get("etag"), _chunks(resp, what)
+        return RangeBody(first, total, etag, chunks, resp.close, ranged=resp.status_code == 206)
 
     def size(self, key: str) -> int | None:
         """The object's size from a one-byte ranged GET (presigned URLs allow only GET)."""

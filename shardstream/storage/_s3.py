@@ -123,7 +123,8 @@ class S3Store(RemoteStore):
         else:  # the server ignored Range and sent everything
             first, total = 0, int(resp["ContentLength"])
         body = resp["Body"]
-        return RangeBody(first, total, resp.get("ETag"), _chunks(body, what), body.close)
+        chunks = _chunks(body, what)
+        return RangeBody(first, total, resp.get("ETag"), chunks, body.close, ranged=bool(match))
 
     def size(self, key: str) -> int | None:
         """``ContentLength`` from HEAD, or ``None`` if the object does not exist."""

@@ -81,6 +81,8 @@ class RangeBody:
     chunks: Iterator[bytes]
     """Body chunks; errors while streaming are already shardstream errors."""
     close: Callable[[], None]
+    ranged: bool = True
+    """False when the server ignored Range and sent the whole object from byte 0."""
 
 
 class Sink(Protocol):
@@ -254,6 +256,10 @@ class _Transfer:
         try:
             if self.total is None:
                 self._first_response(body)
+                if not body.ranged:
+                    # No range support: splitting would fetch the whole object per part,
+                    # so this one response carries everything.
+                    self.part_size = cursor.end = max(body.total_size, 1)
             elif body.total_size != self.total:
                 raise StorageError(f"{self.what} changed size while downloading; retry later")
             cursor.end = min(cursor.end, body.total_size - 1)

@@ -152,3 +152,21 @@ def test_plain_https_urls_through_open_store(
     assert store.read_bytes("public/a b.bin") == data
     store.download("public/a b.bin", tmp_path / "out", expected_size=len(data))
     assert (tmp_path / "out").read_bytes() == data
+
+
+def test_server_without_range_support_is_read_in_one_stream(
+    s3_bucket: S3Bucket, faulty_proxy: FaultyProxy, tmp_path: Path
+) -> None:
+    signer = _signer(s3_bucket, faulty_proxy)
+    data = os.urandom(1 * MiB + 5)  # 5 parts, if the server could do ranges
+    signer.write_bytes("k.bin", data)
+    store = HTTPStore(Presigner(signer, [3600]), options=OPTIONS)
+    faulty_proxy.faults = Faults(ignore_range=True)
+
+    store.download("k.bin", tmp_path / "k.bin", expected_size=len(data))
+    assert (tmp_path / "k.bin").read_bytes() == data
+    assert faulty_proxy.bytes_sent("/ds/k.bin") == len(data)  # one GET, not one per part
+
+    faulty_proxy.faults = Faults(ignore_range=True, cut_rate=0.5)
+    store.download("k.bin", tmp_path / "again.bin", expected_size=len(data))
+    assert (tmp_path / "again.bin").read_bytes() == data
