@@ -69,8 +69,8 @@ def _isqrt_ceil(n: U64) -> U64:
     r = np.ceil(np.sqrt(n.astype(np.float64))).astype(np.uint64)
     # The float estimate can be off by one either way near large perfect squares.
     r = r - ((r > 0) & ((r - np.uint64(1)) * (r - np.uint64(1)) >= n)).astype(np.uint64)
-    r = r + (r * r < n).astype(np.uint64)
-    return r
+    out: U64 = r + (r * r < n).astype(np.uint64)
+    return out
 
 
 def _round(x: U64, key: U64, radix: U64) -> U64:

@@ -188,7 +188,8 @@ class EpochPlan:
 
     def rank_batch(self, b: int, rank: int, world_size: int) -> I64:
         """Global sample ids of ``rank``'s part of global batch ``b`` (``B / world_size``)."""
-        return self.rank_batches(np.array([b]), rank, world_size)[0]
+        out: I64 = self.rank_batches(np.array([b]), rank, world_size)[0]
+        return out
 
     def rank_batches(self, batches: ArrayLike, rank: int, world_size: int) -> I64:
         """Several of ``rank``'s batches at once, shape ``(len(batches), B / world_size)``.
