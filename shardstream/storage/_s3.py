@@ -212,9 +212,9 @@ class S3Store(RemoteStore):
 
     def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
         """``(key, size)`` under ``prefix``, page by page (each page retried)."""
-        full = join_key(self.prefix, check_prefix(prefix)) if prefix else self.prefix
-        if prefix.endswith("/") or (not prefix and self.prefix):
-            full += "/"
+        check_prefix(prefix)
+        # The store's prefix is a folder: "data" must not also list "data2/...".
+        full = f"{self.prefix}/{prefix}" if self.prefix else prefix
         what = f"{self.url()} (listing {prefix!r})"
         kwargs: dict[str, Any] = {"Prefix": full}
         strip = len(self.prefix) + 1 if self.prefix else 0
