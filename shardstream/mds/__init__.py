@@ -27,11 +27,11 @@ from shardstream.mds._index import (
     write_atomic,
 )
 from shardstream.mds._reader import ShardReader
+from shardstream.mds._sample import encode_sample, make_encoder, make_parts_encoder
 from shardstream.mds._shard import (
-    encode_sample,
-    make_encoder,
     samples_per_shard,
     shard_config,
+    write_samples,
     write_shard,
     write_shard_arrays,
 )
@@ -54,9 +54,11 @@ __all__ = [
     "get_codec",
     "load_index",
     "make_encoder",
+    "make_parts_encoder",
     "samples_per_shard",
     "shard_config",
     "write_atomic",
+    "write_samples",
     "write_shard",
     "write_shard_arrays",
 ]

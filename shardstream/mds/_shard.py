@@ -15,12 +15,10 @@ MosaicML starts a new shard when the next sample would make the file bigger than
 
 from __future__ import annotations
 
-import functools
 import json
 import os
-import struct
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,74 +27,10 @@ import numpy as np
 from shardstream.errors import ConfigError, InputError
 from shardstream.hashing import hash_bytes, new_hasher
 from shardstream.mds._compression import check_compression, compress, compression_extension
-from shardstream.mds._encodings import Codec, get_codec
 from shardstream.mds._index import FileInfo, ShardInfo
+from shardstream.mds._sample import parse_columns
 
 _MAX_BYTES = 1 << 32  # offsets are uint32
-
-
-@functools.lru_cache(maxsize=64)
-def _parse_columns(items: tuple[tuple[str, str], ...]) -> tuple[tuple[str, Codec], ...]:
-    for name, _ in items:
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"column names must be non-empty strings, got {name!r}")
-    # Shard order is sorted by name, as MosaicML writes it.
-    return tuple((name, get_codec(encoding)) for name, encoding in sorted(items))
-
-
-def parse_columns(columns: Mapping[str, str]) -> tuple[tuple[str, Codec], ...]:
-    """Validate ``columns`` (name -> encoding) and return ``(name, codec)`` sorted by name."""
-    if not columns:
-        raise ConfigError("a shard needs at least one column")
-    return _parse_columns(tuple(columns.items()))
-
-
-def make_encoder(columns: Mapping[str, str]) -> Callable[[Mapping[str, Any]], bytes]:
-    """A fast ``sample -> bytes`` function for ``columns`` (see :func:`encode_sample`)."""
-    cols = parse_columns(columns)
-    nvar = sum(codec.size is None for _, codec in cols)
-    pack = struct.Struct(f"<{nvar}I").pack
-
-    def encode(sample: Mapping[str, Any]) -> bytes:
-        sizes: list[int] = []
-        parts: list[bytes] = [b""]
-        for name, codec in cols:
-            try:
-                value = sample[name]
-                data = value if type(value) is bytes else codec.encode(value)
-            except KeyError:
-                raise InputError(
-                    f"sample has no column {name!r} (it has {sorted(sample)}); every sample "
-                    f"needs all columns {[n for n, _ in cols]}"
-                ) from None
-            except InputError as exc:
-                raise InputError(f"column {name!r} ({codec.encoding}): {exc}") from None
-            if codec.size is None:
-                sizes.append(len(data))
-            elif len(data) != codec.size:
-                raise InputError(
-                    f"column {name!r} ({codec.encoding}): encoded size is {len(data)} bytes, "
-                    f"expected {codec.size}"
-                )
-            parts.append(data)
-        parts[0] = pack(*sizes)
-        return b"".join(parts)
-
-    return encode
-
-
-def encode_sample(columns: Mapping[str, str], sample: Mapping[str, Any]) -> bytes:
-    """One sample's MDS bytes (sizes of variable columns, then every column, sorted by name).
-
-    Raises :class:`InputError` naming the column for a missing column or a bad value.
-    For many samples, call :func:`make_encoder` once and reuse it.
-    """
-    return _cached_encoder(tuple(columns.items()))(sample)
-
-
-@functools.lru_cache(maxsize=16)
-def _cached_encoder(items: tuple[tuple[str, str], ...]) -> Callable[[Mapping[str, Any]], bytes]:
-    return make_encoder(dict(items))
 
 
 def normalize_hashes(hashes: Sequence[str]) -> tuple[str, ...]:
@@ -190,17 +124,31 @@ def write_shard(
     Returns the shard's index entry.
     """
     template = shard_config(columns, compression=compression, hashes=hashes, size_limit=size_limit)
+    return write_samples(Path(path), basename, template, [len(e) for e in encoded], encoded)
+
+
+def write_samples(
+    out_dir: Path,
+    basename: str,
+    template: ShardInfo,
+    sizes: Sequence[int],
+    parts: Sequence[bytes],
+) -> ShardInfo:
+    """Write a shard whose samples, of byte ``sizes``, are the concatenation of ``parts``.
+
+    ``template`` comes from :func:`shard_config`. Samples may be split into several parts
+    (the writer keeps a sample's columns apart), which saves copying them before the write.
+    """
     config = config_bytes(template)
-    sizes = np.fromiter(map(len, encoded), np.int64, len(encoded))
-    head_len = 4 * (len(encoded) + 2) + len(config)
-    offsets = np.empty(len(encoded) + 1, np.int64)
+    n = len(sizes)
+    head_len = 4 * (n + 2) + len(config)
+    offsets = np.empty(n + 1, np.int64)
     offsets[0] = head_len
-    np.cumsum(sizes, out=offsets[1:])
+    np.cumsum(np.asarray(sizes, np.int64), out=offsets[1:])
     offsets[1:] += head_len
     _check_total(int(offsets[-1]), basename)
-    head = np.uint32(len(encoded)).tobytes() + offsets.astype("<u4").tobytes()
-    raw = b"".join([head, config, *encoded])
-    return _store(Path(path), basename, template, raw, len(encoded))
+    head = np.uint32(n).tobytes() + offsets.astype("<u4").tobytes()
+    return _store(out_dir, basename, template, [head, config, *parts], n)
 
 
 def write_shard_arrays(
@@ -251,7 +199,7 @@ def write_shard_arrays(
             np.ascontiguousarray(arr).view(np.uint8).reshape(n, codec.size)
         )
         pos += codec.size
-    return _store(Path(path), basename, template, raw.data, n)
+    return _store(Path(path), basename, template, [raw.data], n)
 
 
 def _check_total(total: int, basename: str) -> None:
@@ -263,28 +211,44 @@ def _check_total(total: int, basename: str) -> None:
 
 
 def _store(
-    out_dir: Path, basename: str, template: ShardInfo, raw: bytes | memoryview, n: int
+    out_dir: Path,
+    basename: str,
+    template: ShardInfo,
+    parts: Sequence[bytes | memoryview],
+    n: int,
 ) -> ShardInfo:
-    """Hash (and compress) ``raw`` and write the stored file atomically."""
+    """Hash (and compress) the raw shard ``parts`` and write the stored file atomically."""
     if not basename or "/" in basename or basename.startswith("."):
         raise ConfigError(f"shard basename must be a plain file name, got {basename!r}")
-    raw_info = FileInfo(basename, len(raw), {a: hash_bytes(a, raw) for a in template.hashes})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    raw_hashers = {algo: new_hasher(algo) for algo in template.hashes}
     zip_info = None
-    data = raw
     if template.compression is not None:
+        # zstd's one-shot frame is what MosaicML writes: compress one joined buffer.
+        raw = parts[0] if len(parts) == 1 else b"".join(parts)
+        for hasher in raw_hashers.values():
+            hasher.update(raw)
         data = compress(template.compression, raw)
         zip_name = f"{basename}.{compression_extension(template.compression)}"
         zip_info = FileInfo(zip_name, len(data), {a: hash_bytes(a, data) for a in template.hashes})
-    target = out_dir / (zip_info or raw_info).basename
-    out_dir.mkdir(parents=True, exist_ok=True)
+        parts = [data]
+    target = out_dir / (zip_info.basename if zip_info else basename)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=out_dir)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            # Uncompressed: hash and write part by part, never joining the shard in memory.
+            for part in parts:
+                if zip_info is None:
+                    for hasher in raw_hashers.values():
+                        hasher.update(part)
+                fh.write(part)
+            size = fh.tell()
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    raw_size = size if zip_info is None else len(raw)
+    raw_info = FileInfo(basename, raw_size, {a: h.hexdigest() for a, h in raw_hashers.items()})
     return ShardInfo(
         column_encodings=template.column_encodings,
         column_names=template.column_names,

@@ -14,7 +14,8 @@ from typing import Any
 
 from shardstream.errors import ConfigError
 from shardstream.mds._index import INDEX_BASENAME, MDSIndex
-from shardstream.mds._shard import config_bytes, make_encoder, shard_config, write_shard
+from shardstream.mds._sample import make_parts_encoder
+from shardstream.mds._shard import config_bytes, shard_config, write_samples
 
 
 class MDSWriter:
@@ -49,7 +50,7 @@ class MDSWriter:
         self._template = shard_config(
             columns, compression=compression, hashes=hashes, size_limit=size_limit
         )
-        self._encode = make_encoder(columns)
+        self._encode = make_parts_encoder(columns)
         if (self.out_dir / INDEX_BASENAME).exists() and not exist_ok:
             raise ConfigError(
                 f"{self.out_dir} already holds a dataset ({INDEX_BASENAME}); choose an empty "
@@ -59,7 +60,9 @@ class MDSWriter:
         # MosaicML's size accounting: the header costs 8 bytes plus the config, each
         # sample its bytes plus its 4-byte offset.
         self._empty_size = 8 + len(config_bytes(self._template))
+        # Pending samples are kept as their separate parts: no per-sample copy.
         self._pending: list[bytes] = []
+        self._pending_sizes: list[int] = []
         self._pending_size = self._empty_size
         self._index = MDSIndex()
         self._finished = False
@@ -76,38 +79,34 @@ class MDSWriter:
         """
         if self._finished:
             raise ConfigError(f"MDSWriter for {self.out_dir} is already finished")
-        data = self._encode(sample)
-        size = len(data) + 4
+        parts, size = self._encode(sample)
         limit = self._template.size_limit
-        if limit is not None and self._pending and self._pending_size + size > limit:
+        if limit is not None and self._pending_sizes and self._pending_size + size + 4 > limit:
             self.flush_shard()
-        self._pending.append(data)
-        self._pending_size += size
+        self._pending.extend(parts)
+        self._pending_sizes.append(size)
+        self._pending_size += size + 4
 
     def write_encoded(self, data: bytes) -> None:
         """Add one sample already encoded with :func:`encode_sample` for these columns."""
         limit = self._template.size_limit
-        if limit is not None and self._pending and self._pending_size + len(data) + 4 > limit:
+        if limit is not None and self._pending_sizes and self._pending_size + len(data) + 4 > limit:
             self.flush_shard()
         self._pending.append(data)
+        self._pending_sizes.append(len(data))
         self._pending_size += len(data) + 4
 
     def flush_shard(self) -> None:
         """Write the pending samples as the next shard (no-op when none are pending)."""
-        if not self._pending:
+        if not self._pending_sizes:
             return
-        t = self._template
-        info = write_shard(
-            self.out_dir,
-            f"shard.{len(self._index.shards):05}.mds",
-            self.columns,
-            self._pending,
-            compression=t.compression,
-            hashes=t.hashes,
-            size_limit=t.size_limit,
+        basename = f"shard.{len(self._index.shards):05}.mds"
+        info = write_samples(
+            self.out_dir, basename, self._template, self._pending_sizes, self._pending
         )
         self._index.shards.append(info)
         self._pending = []
+        self._pending_sizes = []
         self._pending_size = self._empty_size
 
     def finish(self) -> MDSIndex:
@@ -131,5 +130,5 @@ class MDSWriter:
             self.finish()
         else:
             # Leave no index: the partial output must not look like a finished dataset.
-            self._pending = []
+            self._pending, self._pending_sizes = [], []
             self._finished = True

@@ -228,3 +228,8 @@ def test_vectorized_writer_checks_arrays(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="variable-size"):
         write_shard_arrays(tmp_path, "shard.00000.mds", {"t": "str"}, {"t": np.zeros(3)})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_sample_must_be_a_mapping(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="must map column names to values, got list"):
+        MDSWriter(tmp_path, {"a": "int"}).write([1])  # type: ignore[arg-type]
