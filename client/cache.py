@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import logging
 import os
 import shutil
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -111,7 +113,9 @@ class ShardLease:
         self.release()
 
     def __del__(self) -> None:
-        self.release()
+        # A forgotten lease must not leak its pin; at interpreter exit the kernel does it.
+        with contextlib.suppress(Exception):
+            self.release()
 
     def __repr__(self) -> str:
         state = "released" if self.released else "held"
@@ -122,10 +126,15 @@ class _ProcessState:
     """Per-process mutable state, recreated after a fork (stats are per process)."""
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
         self.lock = threading.Lock()
         self.stats = CacheStats()
         self.warned_over_limit = False
+
+
+# Every live cache, so a forked child can give each one fresh per-process state.
+_CACHES: weakref.WeakSet[ShardCache] = weakref.WeakSet()
+# key -> (file name, data path) of recent keys; the hot path skips escaping and Path().
+_NAME_CACHE_SIZE = 65536
 
 
 class ShardCache:
@@ -156,7 +165,17 @@ class ShardCache:
         self._space = CacheSpace(self._layout, limit_bytes, rescan_interval_s)
         self._touch_ns = int(touch_interval_s * 1e9)
         self._state = _ProcessState()
-        swept = self._space.sweep()
+        self._names: dict[str, tuple[str, Path]] = {}
+        _CACHES.add(self)
+        try:
+            swept = self._space.sweep()
+        except OSError as exc:
+            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EACCES):
+                raise
+            raise ConfigError(
+                f"cannot lock files in cache directory {self.root} ({exc.strerror}); it must be "
+                "a writable local file system with flock (not NFS): set SHARDSTREAM_CACHE_DIR"
+            ) from exc
         if swept:
             log.info(
                 "shard cache %s: removed %d downloads left by dead processes", self.root, swept
@@ -174,7 +193,7 @@ class ShardCache:
 
     def stats(self) -> CacheStats:
         """A snapshot of this process's counters."""
-        state = self._local()
+        state = self._state
         with state.lock:
             return dataclasses.replace(state.stats)
 
@@ -184,7 +203,7 @@ class ShardCache:
 
     def path(self, key: str) -> Path:
         """Where ``key`` lives when cached (no lease: it may vanish at any time)."""
-        return self._layout.data_path(key_to_name(key))
+        return self._resolve(key)[1]
 
     def contains(self, key: str) -> bool:
         """Whether ``key`` is cached right now (a hint: it may be evicted next moment)."""
@@ -215,7 +234,7 @@ class ShardCache:
 
     def _acquire(self, key: str, fetch: Fetch, size: int) -> tuple[ShardLease, bool]:
         """(the pinned shard, whether this call downloaded it)."""
-        name = key_to_name(key)
+        name, data = self._names.get(key) or self._resolve(key)
         limit = self._space.limit_bytes
         if not isinstance(size, int) or size < 0:
             raise ConfigError(f"shard {key!r}: size must be a byte count >= 0, got {size!r}")
@@ -224,11 +243,11 @@ class ShardCache:
                 f"shard {key!r} is {size} bytes, larger than the whole cache limit of {limit} "
                 "bytes; raise the cache limit (CacheOptions.limit_bytes) to several shards"
             )
-        data = self._layout.data_path(name)
         pinned = pin_file(data)
         if pinned is not None:
             self._touch(*pinned)
-            self._count(hits=1)
+            with self._state.lock:
+                self._state.stats.hits += 1
             return ShardLease(key, data, pinned[0], pinned[1].st_size), False
         self._count(misses=1)
         return self._download(key, name, data, fetch, size)
@@ -276,7 +295,7 @@ class ShardCache:
                 os.utime(fd)
 
     def _warn_over_limit(self, key: str, size: int) -> None:
-        state = self._local()
+        state = self._state
         self._count(over_limit=1)
         if not state.warned_over_limit:
             state.warned_over_limit = True
@@ -290,17 +309,32 @@ class ShardCache:
                 size,
             )
 
-    def _local(self) -> _ProcessState:
-        state = self._state
-        if state.pid != os.getpid():  # forked: fresh counters and a fresh thread lock
-            state = self._state = _ProcessState()
-        return state
+    def _resolve(self, key: str) -> tuple[str, Path]:
+        """(file name, data path) of ``key``, validated; remembered for the hot path."""
+        entry = (name := key_to_name(key)), self._layout.data_path(name)
+        if len(self._names) >= _NAME_CACHE_SIZE:
+            self._names.clear()
+        self._names[key] = entry
+        return entry
+
+    def _after_fork(self) -> None:
+        # The child's counters start at zero, and a lock held by another thread of the
+        # parent at fork time would never be released in the child.
+        self._state = _ProcessState()
 
     def _count(self, **deltas: int) -> None:
-        state = self._local()
+        state = self._state
         with state.lock:
             for field, delta in deltas.items():
                 setattr(state.stats, field, getattr(state.stats, field) + delta)
+
+
+def _reset_after_fork() -> None:
+    for cache in list(_CACHES):
+        cache._after_fork()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def _pin_new(target: Path, key: str, size: int) -> tuple[int, os.stat_result]:

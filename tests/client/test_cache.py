@@ -9,6 +9,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -169,3 +172,23 @@ def test_hot_path_does_not_scan(tmp_path: Path) -> None:
     for _ in range(200):
         cache.acquire("v/a", fetcher("v/a", 1000), size=1000).release()
     assert cache.stats().scans == scans and cache.stats().hits == 200
+
+
+def test_threads_of_one_process_download_once(tmp_path: Path) -> None:
+    cache = ShardCache(tmp_path, limit_bytes=100_000)
+    calls: list[str] = []
+    gate = threading.Event()
+
+    def slow(tmp: Path) -> None:
+        calls.append("v/a")
+        gate.wait(5)
+        tmp.write_bytes(content("v/a", 4000))
+
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(cache.prefetch, "v/a", slow, size=4000) for _ in range(4)]
+        time.sleep(0.2)  # let all four reach the download lock
+        gate.set()
+        downloaded = [f.result() for f in futures]
+    assert calls == ["v/a"] and sorted(downloaded) == [False, False, False, True]
+    stats = cache.stats()
+    assert (stats.misses, stats.downloads, stats.waits) == (4, 1, 3)

@@ -149,6 +149,14 @@ def hold_lease_forever(root: str, key: str, size: int, ready: str) -> None:
         time.sleep(600)
 
 
+def report_stats(cache: ShardCache, key: str, out: str) -> None:
+    """In a forked child: counters start at zero, the inherited cache still works."""
+    before = vars(cache.stats())
+    with cache.lease(key, logging_fetch(key, 1000, Path(out + ".log")), size=1000) as path:
+        ok = path.read_bytes() == content(key, 1000)
+    Path(out).write_text(json.dumps({"before": before, "after": vars(cache.stats()), "ok": ok}))
+
+
 # --- tests ------------------------------------------------------------------------------
 
 
@@ -299,3 +307,17 @@ def test_sigkilled_lease_holder_does_not_block_eviction(tmp_path: Path) -> None:
     assert not (root / "data" / "v%2Fx").exists()
     stats = cache.stats()
     assert stats.evictions == 1 and stats.over_limit == 0
+
+
+def test_forked_child_counts_its_own_stats(tmp_path: Path) -> None:
+    cache = ShardCache(tmp_path / "cache")
+    cache.prefetch("v/a", logging_fetch("v/a", 1000, tmp_path / "log"), size=1000)
+    out = tmp_path / "out.json"
+    child = mp.get_context("fork").Process(target=report_stats, args=(cache, "v/a", str(out)))
+    child.start()
+    child.join(JOIN_S)
+    assert child.exitcode == 0
+    result = json.loads(out.read_text())
+    assert result["ok"] and result["before"]["misses"] == 0 and result["before"]["downloads"] == 0
+    assert result["after"]["hits"] == 1
+    assert cache.stats().downloads == 1 and cache.stats().hits == 0
