@@ -129,11 +129,13 @@ def write_atomic(path: Path, data: bytes | memoryview) -> None:
 
 
 def load_index(source: bytes | str | Path) -> MDSIndex:
-    """Load and validate an ``index.json`` given as its bytes or a path to it.
+    """Load and validate an ``index.json`` given as its bytes (or text) or a path to it.
 
     Raises :class:`FormatError` (naming the file, shard and field) for anything that is not
     an MDS v2 index, and :class:`UnsupportedEncodingError` for column encodings we cannot read.
     """
+    if isinstance(source, str) and source.lstrip().startswith("{"):
+        source = source.encode("utf-8")  # JSON text rather than a path
     if isinstance(source, bytes):
         where, data = "index.json", source
     else:

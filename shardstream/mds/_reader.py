@@ -40,7 +40,8 @@ class ShardReader:
     ``info`` is the shard's index entry; without it the columns are read from the config
     that MosaicML embeds in every shard. ``verify=True`` checks the file against the
     index's hashes first (:class:`HashMismatchError`). Arrays returned are read-only
-    views of the mapping where the format allows it.
+    views of the mapping where the format allows it. ``offsets`` holds the ``num_samples + 1``
+    sample offsets (int64); ``info`` the shard's index entry.
 
     >>> reader = ShardReader(Path("out/shard.00000.mds"))          # doctest: +SKIP
     >>> reader[0]["tokens"], reader.gather("tokens", np.arange(8))  # doctest: +SKIP
@@ -48,6 +49,8 @@ class ShardReader:
 
     def __init__(self, path: Path, info: ShardInfo | None = None, *, verify: bool = False) -> None:
         self.path = path = Path(path)
+        if verify and info is None:
+            raise ConfigError(f"{path}: verify=True needs the shard's index entry (info)")
         if verify and info is not None:
             verify_file(path, info.raw_data.hashes, what=str(path))
         with open(path, "rb") as fh:
@@ -71,7 +74,11 @@ class ShardReader:
                 f"sample offsets (first {self.offsets[0]}, last {self.offsets[-1]}) do not fit "
                 f"the file size {size} and header size {head_end}",
             )
-        self.info = info if info is not None else self._info_from_config(head_end, size, n)
+        if info is None:
+            info = self._info_from_config(head_end, size, n)
+        else:
+            self._check_header_columns(head_end, info)
+        self.info = info
         if self.info.samples != n:
             raise _corrupt(path, f"file has {n} samples, the index records {self.info.samples}")
         if self.info.raw_data.bytes not in (0, size):
@@ -112,6 +119,20 @@ class ShardReader:
             return ShardInfo.from_dict(obj, where=f"{self.path} (header config)")
         except FormatError as exc:
             raise type(exc)(str(exc)) from None
+
+    def _check_header_columns(self, head_end: int, info: ShardInfo) -> None:
+        """Refuse a shard whose own header lists other columns than its index entry."""
+        try:
+            obj = json.loads(bytes(self._mv[head_end : int(self.offsets[0])]))
+            header = dict(zip(obj["column_names"], obj["column_encodings"], strict=True))
+        except (ValueError, KeyError, TypeError):
+            return  # not a MosaicML-style header; the index entry is authoritative
+        if header != info.columns:
+            raise _corrupt(
+                self.path,
+                f"its header lists columns {header}, the index entry {info.columns}; "
+                "the shard does not belong to this index",
+            )
 
     def _strided_views(self, start: int, stride: int) -> dict[str, np.ndarray[Any, Any]]:
         views: dict[str, np.ndarray[Any, Any]] = {}

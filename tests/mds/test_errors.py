@@ -233,3 +233,15 @@ def test_vectorized_writer_checks_arrays(tmp_path: Path) -> None:
 def test_sample_must_be_a_mapping(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="must map column names to values, got list"):
         MDSWriter(tmp_path, {"a": "int"}).write([1])  # type: ignore[arg-type]
+
+
+def test_shard_from_another_index_is_refused(tmp_path: Path, dataset: Path) -> None:
+    info = load_index(dataset / "index.json").shards[0]
+    arrays = make_fixed(info.samples)
+    write_shard_arrays(tmp_path, "other.mds", FIXED_COLUMNS, arrays)
+    size = (tmp_path / "other.mds").stat().st_size
+    lying = type(info)(**{**info.__dict__, "raw_data": type(info.raw_data)("other.mds", size)})
+    with pytest.raises(CorruptShardError, match=r"other\.mds: its header lists columns"):
+        ShardReader(tmp_path / "other.mds", lying)
+    with pytest.raises(ConfigError, match="verify=True needs"):
+        ShardReader(tmp_path / "other.mds", verify=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 from typing import Any
@@ -140,9 +141,9 @@ def test_reader_without_index_uses_header_config(tmp_path: Path) -> None:
     assert reader.info.columns == info.columns and reader.columns == dict(
         sorted(FIXED_COLUMNS.items())
     )
-    assert load_index(
-        ('{"version": 2, "shards": [' + __import__("json").dumps(info.to_dict()) + "]}").encode()
-    ).shards == [info]
+    text = json.dumps({"version": 2, "shards": [info.to_dict()]})
+    assert load_index(text.encode()).shards == [info]
+    assert load_index(text).shards == [info]  # JSON text works as well as bytes or a path
 
 
 def test_encodings_list_is_complete() -> None:
