@@ -168,14 +168,19 @@ class ShardstreamLoader:
 
     def _receive(self, worker: _Worker, gen: int, b: int) -> dict[str, Any]:
         while True:
-            while not worker.data.poll(_POLL_S):
-                if not worker.proc.is_alive():
-                    raise WorkerError(
-                        f"loader worker pid {worker.proc.pid} exited with code "
-                        f"{worker.proc.exitcode} while building batch {b}; check memory (OOM) "
-                        "and the worker's log"
-                    )
-            msg = worker.data.recv()
+            try:
+                while not worker.data.poll(_POLL_S):
+                    if not worker.proc.is_alive():
+                        raise EOFError
+                msg = worker.data.recv()
+            except (EOFError, OSError):
+                worker.proc.join(timeout=5)
+                raise WorkerError(
+                    f"loader worker pid {worker.proc.pid} exited with code "
+                    f"{worker.proc.exitcode} while building batch {b}; check memory (OOM) "
+                    "and the worker's log; iterating again restarts the workers at the "
+                    "first batch not consumed"
+                ) from None
             if msg[1] != gen:
                 continue
             if msg[0] == "error":

@@ -120,7 +120,8 @@ def _resolve_url(source: Source) -> ResolvedSource:
     index = load_index(raw)
     if not index.shards:
         raise ConfigError(f"source {source.uri!r}: {name} lists no shards")
-    digest = hashlib.sha1(folder.encode() + b"\0" + raw).hexdigest()[:16]
+    canonical = store.url("").rstrip("/")  # file:///x, /x and x/index.json are one source
+    digest = hashlib.sha1(canonical.encode() + b"\0" + raw).hexdigest()[:16]
     keys = [shard.stored.basename for shard in index.shards]
     resolved = ResolvedSource(source, f"idx-{digest}", index, keys, root=folder)
     resolved._store, resolved._store_pid = store, os.getpid()
