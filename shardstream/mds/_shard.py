@@ -1,4 +1,4 @@
-"""Building MDS shard files: one sample's bytes, one whole shard, and the vectorized path.
+"""Building MDS shard files: from encoded samples, and the vectorized path for fixed-size columns.
 
 A raw (uncompressed) MDS shard is, all integers little-endian uint32::
 
@@ -11,6 +11,9 @@ variable-size columns, then every column's bytes, columns sorted by name.
 
 MosaicML starts a new shard when the next sample would make the file bigger than
 ``size_limit``; :func:`samples_per_shard` gives that count for all-fixed-size columns.
+
+Files are written as a hidden temp file (``.<name>.*.tmp``) in the same folder and renamed,
+so a shard name only ever points at a complete file; a killed writer may leave temp files.
 """
 
 from __future__ import annotations
