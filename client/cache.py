@@ -32,6 +32,7 @@ import errno
 import logging
 import os
 import shutil
+import stat
 import threading
 import time
 import weakref
@@ -346,6 +347,12 @@ def _pin_new(target: Path, key: str, size: int) -> tuple[int, os.stat_result]:
             "write the final shard bytes to the path it is given"
         )
     fd, st = pinned
+    if not stat.S_ISREG(os.lstat(target).st_mode):
+        os.close(fd)
+        raise CorruptShardError(
+            f"shard {key!r}: the fetch callback left a link or special file at {target}; it "
+            "must write a regular file (the cache renames it into place)"
+        )
     if st.st_size != size:
         os.close(fd)
         raise CorruptShardError(

@@ -139,6 +139,10 @@ def test_fetch_of_the_wrong_size_is_rejected(tmp_path: Path) -> None:
         cache.prefetch("v/a", Fetcher()("v/a", 999), size=1000)
     with pytest.raises(CorruptShardError, match="without writing"):
         cache.prefetch("v/a", lambda tmp: None, size=1000)
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-source"
+    elsewhere.write_bytes(content("v/a", 1000))
+    with pytest.raises(CorruptShardError, match="regular file"):
+        cache.prefetch("v/a", lambda tmp: tmp.symlink_to(elsewhere), size=1000)
     assert data_names(tmp_path) == [] and os.listdir(tmp_path / "tmp") == []
 
 
