@@ -205,6 +205,9 @@ def build_images(config: ImageBuildConfig) -> BuildResult:
         }
         index = finish_build(sink, shards, metadata)
         journal.clear()
+    except InputError:
+        sink.discard_partial()  # fixing the input changes it: nothing here can be reused
+        raise
     finally:
         sink.close()
     result = result_from_metadata(sink.url, index, metadata)

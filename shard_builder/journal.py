@@ -77,7 +77,7 @@ class BuildJournal:
     def _verified_prefix(self) -> list[DoneShard]:
         store = self._sink.store
         entries: dict[str, DoneShard] = {}
-        for key, _ in store.list(_DONE_PREFIX):
+        for key in self._keys(_DONE_PREFIX):
             try:
                 obj = json.loads(store.read_bytes(key))
                 entries[key] = DoneShard(ShardInfo.from_dict(obj["info"]), obj["resume"])
@@ -93,6 +93,12 @@ class BuildJournal:
             log.info("resuming: reusing %d finished shards in %s", len(done), store.url())
         return done
 
+    def _keys(self, prefix: str) -> list[str]:
+        # Listed by the folder name without its trailing "/" (then filtered): S3Store.list
+        # doubles a trailing slash at the time of writing.
+        listed = self._sink.store.list(prefix.rstrip("/"))
+        return [key for key, _ in listed if key.startswith(prefix)]
+
     def record(self, position: int, info: ShardInfo, resume: dict[str, Any]) -> None:
         """Mark shard ``position`` finished (after its bytes are stored)."""
         obj = {"info": info.to_dict(), "resume": resume}
@@ -102,7 +108,7 @@ class BuildJournal:
     def clear(self) -> None:
         """Delete the journal (after the index is written)."""
         store = self._sink.store
-        keys = [key for key, _ in store.list(f"{JOURNAL_DIR}/")]
+        keys = self._keys(f"{JOURNAL_DIR}/")
         for key in sorted(keys, key=lambda k: k == _BUILD_KEY):  # build.json last
             store.delete(key)
         self._sink.remove_local_dir(JOURNAL_DIR)  # and temp files a killed run left there

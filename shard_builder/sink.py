@@ -78,6 +78,15 @@ class ShardSink:
                 "replace a dataset written there before"
             )
 
+    def discard_partial(self) -> None:
+        """Delete this build's shards and journal: the input is bad, a resume cannot help."""
+        with contextlib.suppress(ShardstreamError):
+            self.flush()
+        for key, _ in list(self.store.list()):
+            if key.startswith(_OURS):
+                self.store.delete(key)
+        self.remove_local_dir(".shardstream-build")
+
     def stored(self, info: ShardInfo, after_store: Callable[[], None]) -> None:
         """The codec has written ``info``'s file into :attr:`staging`: store it, then call back."""
         self._raise_pending()

@@ -25,7 +25,8 @@ def _kill_when(proc: subprocess.Popen[bytes], done_dir: Path, shards: int) -> in
             proc.wait()
             return finished
         if proc.poll() is not None:
-            pytest.fail(f"the build ended (rc {proc.returncode}) before it could be killed")
+            err = proc.stderr.read().decode() if proc.stderr else ""
+            pytest.fail(f"the build ended (rc {proc.returncode}) before it was killed: {err}")
         time.sleep(0.005)
     os.killpg(proc.pid, signal.SIGKILL)
     pytest.fail("the build made no progress in 60 s")

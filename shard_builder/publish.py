@@ -1,0 +1,232 @@
+"""Publishing shards through the metadata server.
+
+:class:`DraftVersion` wraps one version's lifecycle: on entry it creates the dataset if
+missing and opens a draft; the builder writes shards under ``draft.storage_root`` and
+registers them (``add_index``); on a clean exit the draft is published (the server checks
+every shard in storage first), on any exception it is aborted, so a failed build never
+leaves a published half version::
+
+    from shardstream.api_client import APIClient
+    from shardstream.shard_builder.publish import DraftVersion
+
+    with DraftVersion(APIClient(), "wiki", columns={"tokens": "ndarray:uint16:2048"},
+                      storage_root="s3://bucket/wiki/v3") as draft:
+        index = build_shards(out=draft.storage_root)        # the builder's work
+        draft.add_index(index)
+    print(draft.version.number, draft.version.status)      # published
+
+``shardstream register URL/index.json --dataset NAME`` publishes an existing MDS dataset in
+place (no copy): the shards stay where they are and the version's storage root points
+there. Only :mod:`argparse` is imported at module level (the CLI contract); the client
+and codec are imported when used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shardstream.api_client import APIClient
+    from shardstream.mds import MDSIndex, ShardInfo
+    from shardstream.wire import ShardRecord, VersionPublic
+
+log = logging.getLogger("shardstream.shard_builder.publish")
+
+
+def shard_record(index: int, info: ShardInfo, *, prefix: str = "") -> ShardRecord:
+    """The server's record of one MDS shard (the stored file: compressed if compressed).
+
+    ``prefix`` is prepended to the basename when the shards sit in a sub-folder of the
+    version's storage root.
+    """
+    from shardstream.wire import ShardRecord
+
+    stored = info.stored
+    key = f"{prefix.strip('/')}/{stored.basename}" if prefix.strip("/") else stored.basename
+    return ShardRecord(
+        index=index,
+        key=key,
+        samples=info.samples,
+        raw_bytes=info.raw_data.bytes,
+        stored_bytes=stored.bytes,
+        compression=info.compression,
+        hashes=dict(stored.hashes),
+        mds=info.to_dict(),
+    )
+
+
+class DraftVersion:
+    """A draft version that publishes on success and aborts on error (context manager)."""
+
+    def __init__(
+        self,
+        api: APIClient,
+        dataset: str,
+        *,
+        columns: Mapping[str, str],
+        storage_root: str | None = None,
+        builder_config: Mapping[str, Any] | None = None,
+        lineage: Mapping[str, Any] | None = None,
+        description: str = "",
+    ) -> None:
+        self.api = api
+        self.dataset = dataset
+        self._columns = dict(columns)
+        self._storage_root = storage_root
+        self._builder_config = dict(builder_config or {})
+        self._lineage = dict(lineage or {})
+        self._description = description
+        self._version: VersionPublic | None = None
+        self._next_index = 0
+
+    @property
+    def version(self) -> VersionPublic:
+        """The version as last seen (draft, then published or aborted)."""
+        if self._version is None:
+            from shardstream.errors import ConfigError
+
+            raise ConfigError("DraftVersion is not open: use it in a 'with' block")
+        return self._version
+
+    @property
+    def number(self) -> int:
+        """The version number within the dataset."""
+        return self.version.number
+
+    @property
+    def storage_root(self) -> str:
+        """Where this version's shards must be written (URL; chosen by the server if unset)."""
+        return self.version.storage_root
+
+    def open(self) -> VersionPublic:
+        """Create the dataset if missing and open the draft."""
+        self.api.ensure_dataset(self.dataset, description=self._description)
+        self._version = self.api.create_version(
+            self.dataset,
+            self._columns,
+            storage_root=self._storage_root,
+            builder_config=self._builder_config,
+            lineage=self._lineage,
+        )
+        log.info("opened draft %s v%d at %s", self.dataset, self.number, self.storage_root)
+        return self._version
+
+    def add_shards(self, records: Sequence[ShardRecord]) -> None:
+        """Register shard records (indexes must continue from the shards added so far)."""
+        if records:
+            result = self.api.add_shards(self.dataset, self.number, records)
+            self._next_index = result.num_shards
+
+    def add_index(self, index: MDSIndex, *, prefix: str = "") -> None:
+        """Register every shard of an MDS index after those already added."""
+        start = self._next_index
+        self.add_shards(
+            [shard_record(start + i, info, prefix=prefix) for i, info in enumerate(index.shards)]
+        )
+
+    def publish(self) -> VersionPublic:
+        """Publish the draft now (the server checks every shard's size in storage)."""
+        self._version = self.api.publish_version(self.dataset, self.number)
+        log.info("published %s v%d (%d shards)", self.dataset, self.number, self.version.num_shards)
+        return self._version
+
+    def abort(self) -> None:
+        """Abort the draft (never raises: it runs while another error propagates)."""
+        if self._version is None or self._version.status != "draft":
+            return
+        try:
+            self._version = self.api.abort_version(self.dataset, self.number)
+        except Exception as exc:  # the original error matters more than this one
+            log.warning("could not abort draft %s v%d: %s", self.dataset, self.number, exc)
+
+    def __enter__(self) -> DraftVersion:
+        self.open()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None:
+            self.abort()
+            return
+        if self.version.status == "draft":
+            try:
+                self.publish()
+            except BaseException:
+                self.abort()
+                raise
+
+
+def register_index(
+    api: APIClient,
+    index_url: str,
+    dataset: str,
+    *,
+    description: str = "",
+) -> VersionPublic:
+    """Publish the MDS dataset whose ``index.json`` is at ``index_url``, in place."""
+    from shardstream.errors import ConfigError
+    from shardstream.mds import load_index
+    from shardstream.storage import open_store
+
+    root, _, name = index_url.rstrip("/").rpartition("/")
+    if not name.endswith(".json") or not root:
+        raise ConfigError(
+            f"{index_url!r} is not an index.json URL; give e.g. s3://bucket/data/index.json "
+            "or /abs/path/index.json"
+        )
+    if "://" not in root:
+        from pathlib import Path
+
+        root = Path(root).expanduser().resolve().as_uri()
+    store = open_store(root)
+    index = load_index(store.read_bytes(name))
+    if not index.shards:
+        raise ConfigError(f"{index_url} lists no shards; nothing to register")
+    with DraftVersion(
+        api,
+        dataset,
+        columns=index.shards[0].columns,
+        storage_root=store.url(""),
+        builder_config={"registered_from": index_url},
+        lineage={"index": index_url, "samples": index.num_samples},
+        description=description,
+    ) as draft:
+        draft.add_index(index)
+    return draft.version
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``shardstream register URL/index.json --dataset NAME``."""
+    parser = subparsers.add_parser(
+        "register",
+        help="publish an existing MDS dataset in place (no copy)",
+        description="Register the shards listed in an MDS index.json as a new published "
+        "version of a dataset. The shards stay where they are; the server checks that each "
+        "exists with its recorded size.",
+    )
+    parser.add_argument("index_url", metavar="URL/index.json", help="s3://, file:// or a path")
+    parser.add_argument("--dataset", required=True, help="dataset name (created if missing)")
+    parser.add_argument("--description", default="", help="description for a new dataset")
+    parser.add_argument("--server", help="server URL (default: SHARDSTREAM_SERVER)")
+    parser.add_argument("--token", help="API token (default: SHARDSTREAM_TOKEN)")
+    parser.set_defaults(handler=_register_command)
+
+
+def _register_command(args: argparse.Namespace) -> int:
+    from shardstream.api_client import APIClient
+
+    with APIClient(args.server, args.token) as api:
+        version = register_index(api, args.index_url, args.dataset, description=args.description)
+    print(
+        f"published {args.dataset} version {version.number}: {version.num_shards} shards, "
+        f"{version.total_samples} samples at {version.storage_root}"
+    )
+    return 0
