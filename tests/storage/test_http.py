@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -167,6 +168,9 @@ def test_server_without_range_support_is_read_in_one_stream(
     assert (tmp_path / "k.bin").read_bytes() == data
     assert faulty_proxy.bytes_sent("/ds/k.bin") == len(data)  # one GET, not one per part
 
-    faulty_proxy.faults = Faults(ignore_range=True, cut_rate=0.5)
-    store.download("k.bin", tmp_path / "again.bin", expected_size=len(data))
+    # Without ranges a retry starts from byte 0 again and skips what it has: it makes no
+    # progress unless it gets further than the last cut, so allow more attempts.
+    patient = HTTPStore(Presigner(signer, [3600]), options=replace(OPTIONS, retries=12))
+    faulty_proxy.faults = Faults(ignore_range=True, cut_rate=0.3)
+    patient.download("k.bin", tmp_path / "again.bin", expected_size=len(data))
     assert (tmp_path / "again.bin").read_bytes() == data
