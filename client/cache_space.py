@@ -13,10 +13,13 @@ it (``data/`` sizes plus the declared sizes of live downloads). The hint only ev
 high (a crashed download's reservation), which costs an early scan, never an overshoot.
 Hits never touch it: the lock is taken on misses only.
 
-Eviction walks ``data/`` oldest ``mtime`` first (hits refresh it) and deletes a file only
-under an exclusive, non-blocking ``flock``: a shard that any process has pinned (shared
-lock) is skipped, never waited for. If everything left is pinned the reservation goes
-over the limit, and the caller warns.
+Eviction frees a little more than needed (up to 1/16 of the limit, at most 15 shards of
+the size being added; nothing when the limit holds under 16 shards), so a full cache
+scans about once per 15 misses rather than on every one. It walks ``data/`` oldest
+``mtime`` first (hits refresh it) and deletes a file only under an exclusive,
+non-blocking ``flock``: a shard that any process has pinned (shared lock) is skipped,
+never waited for. If everything left is pinned the reservation goes over the limit, and
+the caller warns.
 """
 
 from __future__ import annotations
@@ -99,8 +102,11 @@ class CacheSpace:
                 files = self._scan(usage)
                 scanned = True
                 if limit is not None and usage.total is not None:
-                    evicted, evicted_bytes = self._evict(files, usage.total + size - limit)
-                    usage.total -= evicted_bytes
+                    need = usage.total + size - limit
+                    if need > 0:
+                        need += _headroom(limit, size)
+                        evicted, evicted_bytes = self._evict(files, need)
+                        usage.total -= evicted_bytes
                     over = usage.total + size > limit
             assert usage.total is not None  # set by the scan when it was missing
             usage.total += size
@@ -235,6 +241,16 @@ class CacheSpace:
         finally:
             os.close(fd)
         return st.st_size
+
+
+def _headroom(limit: int, size: int) -> int:
+    """Bytes to free beyond the need, so the next misses on the node fit without a scan.
+
+    At most 1/16 of the limit (or 15 shards); nothing when the limit holds only a few
+    shards, where every shard of capacity counts more than a saved scan.
+    """
+    extra = limit // 16
+    return min(extra, 15 * size) if extra >= size else 0
 
 
 def _listdir(folder: Path) -> list[str]:

@@ -196,3 +196,14 @@ def test_threads_of_one_process_download_once(tmp_path: Path) -> None:
     assert calls == ["v/a"] and sorted(downloaded) == [False, False, False, True]
     stats = cache.stats()
     assert (stats.misses, stats.downloads, stats.waits) == (4, 1, 3)
+
+
+def test_a_full_cache_does_not_scan_on_every_miss(tmp_path: Path) -> None:
+    cache, fetcher = ShardCache(tmp_path, limit_bytes=64_000), Fetcher()
+    for i in range(200):
+        cache.prefetch(f"v/{i}", fetcher(f"v/{i}", 1000), size=1000)
+    stats = cache.stats()
+    assert stats.evictions == len(fetcher.calls) - len(data_names(tmp_path)) >= 136
+    # Each scan frees 1/16 of the limit beyond the need (4 more shards here).
+    assert stats.scans <= 1 + (200 - 64) // 5 + 1
+    assert cache.usage_bytes() <= 64_000
