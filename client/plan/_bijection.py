@@ -14,6 +14,8 @@ whose streams numpy does not promise to keep stable across releases.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
@@ -57,11 +59,12 @@ def mix64_array(x: U64) -> U64:
 
 
 def keys_for(base: int, *parts: ArrayLike) -> U64:
-    """Per-element keys: ``base`` folded with each integer array in ``parts`` (broadcast)."""
-    h = np.asarray(np.uint64(base))
+    """Per-element keys: ``base`` folded with each integer array in ``parts`` (broadcast;
+    at least 1-D, because numpy warns on wrapping scalar arithmetic but not on arrays)."""
+    h = np.full(1, base, dtype=np.uint64)
     for part in parts:
-        h = mix64_array(h ^ np.asarray(part).astype(np.uint64))
-    return np.asarray(h, dtype=np.uint64)
+        h = mix64_array(h ^ np.atleast_1d(np.asarray(part)).astype(np.uint64))
+    return h
 
 
 def _isqrt_ceil(n: U64) -> U64:
@@ -73,7 +76,7 @@ def _isqrt_ceil(n: U64) -> U64:
     return out
 
 
-def _round(x: U64, key: U64, radix: U64) -> U64:
+def _round(x: U64, key: U64 | np.uint64, radix: U64 | np.uint64) -> U64:
     """A keyed hash of ``x`` reduced to ``[0, radix)`` (radix < 2**32).
 
     Two multiply-xorshift steps, then Lemire's multiply-shift reduction instead of ``%``:
@@ -85,7 +88,7 @@ def _round(x: U64, key: U64, radix: U64) -> U64:
     return out
 
 
-def _feistel(x: U64, a: U64, b: U64, key: U64) -> U64:
+def _feistel(x: U64, a: U64 | np.uint64, b: U64 | np.uint64, key: U64 | np.uint64) -> U64:
     """A 4-round Feistel network on the mixed-radix domain ``[0, a) x [0, b)``.
 
     Each round adds a keyed hash of one half to the other modulo its radix, which is
@@ -118,10 +121,27 @@ def permute(x: ArrayLike, n: ArrayLike, key: ArrayLike) -> I64:
     True
     """
     xs = np.asarray(x, dtype=np.int64).astype(np.uint64)
-    ns = np.broadcast_to(np.asarray(n, dtype=np.int64).astype(np.uint64), xs.shape)
-    ks = np.broadcast_to(np.asarray(key, dtype=np.uint64), xs.shape)
     if xs.size == 0:
         return xs.astype(np.int64)
+    if np.ndim(n) == 0 and np.ndim(key) == 0:
+        # One domain and key for all elements (a batch inside one window): scalar radices,
+        # half the numpy calls of the general path.
+        n_int = int(n)  # type: ignore[arg-type]
+        if n_int <= 1:
+            return xs.astype(np.int64)
+        a_int = math.isqrt(n_int - 1) + 1
+        a0, b0 = np.uint64(a_int), np.uint64(-(-n_int // a_int))
+        # A 1-element key array: array arithmetic wraps silently, numpy scalars warn.
+        k0 = np.full(1, int(key), dtype=np.uint64)  # type: ignore[arg-type]
+        n0 = np.uint64(n_int)
+        out = _feistel(xs, a0, b0, k0)
+        todo = np.flatnonzero(out >= n0)
+        while todo.size:
+            out[todo] = _feistel(out[todo], a0, b0, k0)
+            todo = todo[out[todo] >= n0]
+        return out.astype(np.int64)
+    ns = np.broadcast_to(np.asarray(n, dtype=np.int64).astype(np.uint64), xs.shape)
+    ks = np.broadcast_to(np.asarray(key, dtype=np.uint64), xs.shape)
     a = np.maximum(_isqrt_ceil(ns), np.uint64(1))
     b = np.maximum((ns + a - np.uint64(1)) // a, np.uint64(1))
     out = _feistel(xs, a, b, ks)

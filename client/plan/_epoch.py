@@ -21,7 +21,7 @@ Layout of one epoch (``docs/plan.md`` has the reasoning):
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -29,10 +29,15 @@ from numpy.typing import ArrayLike, NDArray
 from shardstream.client.plan._bijection import derive_key, keys_for, permute
 from shardstream.client.plan._config import PlanConfig, SourceSpec
 from shardstream.client.plan._mixture import SpanTable, build_spans, source_totals
+from shardstream.client.plan._schedule import PlanView, rank_schedule
 from shardstream.client.plan._state import PlanState
 from shardstream.errors import PlanError, ResumeError
 
 I64 = NDArray[np.int64]
+
+PLAN_ALGORITHM = 1
+"""Version of the order algorithm; part of the fingerprint, so a resume state is never
+applied to a plan whose order was computed differently. Bump on any change of output."""
 
 _TAG_SPANS = 11
 _TAG_BLOCKS = 12
@@ -111,7 +116,7 @@ class EpochPlan:
 
         A resume state made under one fingerprint is only valid for a plan with the same one.
         """
-        h = hashlib.sha256(repr(self.config).encode())
+        h = hashlib.sha256(f"{PLAN_ALGORITHM}:{self.config!r}".encode())
         for s in self.sources:
             h.update(repr((s.name, s.weight, s.repeat, s.count)).encode())
             h.update(np.ascontiguousarray(s.shard_sizes, dtype="<i8").tobytes())
@@ -153,10 +158,22 @@ class EpochPlan:
             w = self.window
             block = t // w
             begin = block * w
+            uniform = t.size and np.all(block == block[0]) and np.all(part == part[0])
+            if uniform:
+                # The common case: one rank's batch inside one window of one partition.
+                b0, p0 = int(block[0]), int(part[0])
+                length0 = min(w, self.partition_size - b0 * w)
+                key0 = keys_for(self._block_key, p0, b0)
+                return self._locals(begin + permute(t - begin, length0, key0[0]), part)
             length = np.minimum(w, self.partition_size - begin)
             x = begin + permute(t - begin, length, keys_for(self._block_key, part, block))
         else:
             x = t
+        return self._locals(x, part)
+
+    def _locals(self, x: I64, part: I64) -> I64:
+        """Global sample ids of partition positions ``x`` (after mixing) of ``part``."""
+        cfg = self.config
         item = (part * self.partition_size + x) % self.num_samples
         span = np.searchsorted(self._span_start, item, side="right") - 1
         j = item - self._span_start[span]
@@ -210,6 +227,16 @@ class EpochPlan:
         ids = self._items(part, np.broadcast_to(t, shape).ravel())
         return ids.reshape(bs.size, parts.size * slots.size)
 
+    def iter_rank_batches(
+        self, rank: int, world_size: int, batches: Sequence[int], chunk: int = 64
+    ) -> Iterator[tuple[int, I64]]:
+        """``(b, ids)`` for each ``b`` in ``batches`` (e.g. ``worker_batches(...)``), computed
+        ``chunk`` batches per vectorized call: the fast way for a loader to walk its batches.
+        """
+        for i in range(0, len(batches), chunk):
+            sel = np.asarray(batches[i : i + chunk], dtype=np.int64)
+            yield from zip(sel.tolist(), self.rank_batches(sel, rank, world_size), strict=True)
+
     def global_batches(self, start: int, stop: int) -> I64:
         """Ids of global batches ``start .. stop-1`` concatenated (each in rank order)."""
         if not 0 <= start <= stop <= self.num_batches:
@@ -229,21 +256,31 @@ class EpochPlan:
         return range(start_batch + worker, self.num_batches, num_workers)
 
     # ---- shards --------------------------------------------------------------------------
-    def _spans_between(self, a: int, b: int) -> tuple[I64, I64]:
-        """Spans touching extended items ``[a, b)`` and where each touch begins."""
-        m = self.num_samples
-        spans: list[I64] = []
-        starts: list[I64] = []
-        while a < b:
-            base = (a // m) * m
-            lo, hi = a - base, min(b - base, m)
-            first = int(np.searchsorted(self._span_start, lo, side="right")) - 1
-            last = int(np.searchsorted(self._span_start, hi - 1, side="right")) - 1
-            idx = np.arange(first, last + 1, dtype=np.int64)
-            spans.append(idx)
-            starts.append(base + np.maximum(self._span_start[idx], lo))
-            a = base + hi
-        return np.concatenate(spans), np.concatenate(starts)
+    def rank_schedule(
+        self, rank: int, world_size: int, start_batch: int = 0
+    ) -> tuple[I64, I64, I64]:
+        """``(shards, first, last)``: the shards ``rank`` reads from ``start_batch`` on, in
+        need order, each with the first and last global batch that may read it.
+
+        Exact up to window granularity: a shard is read only in batches ``first .. last``
+        (a repeated shard may have gaps in between). A cache can fetch a shard shortly
+        before ``first`` and let it go after ``last``.
+        """
+        if start_batch != self.num_batches:
+            self._check_batch(start_batch)
+        parts, lo, _ = self.rank_layout(rank, world_size)
+        return rank_schedule(self._view(), parts, lo, start_batch)
+
+    def _view(self) -> PlanView:
+        return PlanView(
+            span_start=self._span_start,
+            span_shard=self._spans.shard,
+            num_samples=self.num_samples,
+            num_batches=self.num_batches,
+            partition_size=self.partition_size,
+            partition_batch_size=self.config.partition_batch_size,
+            window=self.window if self.config.shuffle else 1,
+        )
 
     def rank_shards(self, rank: int, world_size: int, start_batch: int = 0) -> I64:
         """Global shard indices ``rank`` reads from ``start_batch`` on, in need order.
@@ -252,25 +289,7 @@ class EpochPlan:
         window edges: the whole window containing ``start_batch`` is included). A shard
         read by several spans (repeats, padding) is listed once, at its first need.
         """
-        if start_batch == self.num_batches:
-            return np.zeros(0, dtype=np.int64)
-        self._check_batch(start_batch)
-        parts, lo, _ = self.rank_layout(rank, world_size)
-        q, s = self.config.partition_batch_size, self.partition_size
-        w = self.window if self.config.shuffle else 1
-        need: list[I64] = []
-        shards: list[I64] = []
-        for p in parts.tolist():
-            x0 = (start_batch * q + lo) // w * w
-            spans, starts = self._spans_between(p * s + x0, (p + 1) * s)
-            x = starts - p * s
-            need.append(np.maximum((x // w * w) // q, start_batch))
-            shards.append(self._spans.shard[spans])
-        need_all, shard_all = np.concatenate(need), np.concatenate(shards)
-        order = np.argsort(need_all, kind="stable")
-        shard_all = shard_all[order]
-        _, first = np.unique(shard_all, return_index=True)
-        return shard_all[np.sort(first)]
+        return self.rank_schedule(rank, world_size, start_batch)[0]
 
     def locate(self, ids: ArrayLike) -> tuple[I64, I64]:
         """Split global sample ids into (global shard index, index inside that shard)."""

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from numpy.typing import NDArray
 
 from shardstream.client.plan import EpochPlan, PlanConfig, PlanState, SourceSpec
 from shardstream.errors import PlanError, ResumeError
@@ -19,7 +20,7 @@ SETTINGS = settings(
 )
 
 
-def per_source_counts(plan: EpochPlan, ids: np.ndarray) -> list[Counter[int]]:
+def per_source_counts(plan: EpochPlan, ids: NDArray[np.int64]) -> list[Counter[int]]:
     shard, _ = plan.locate(ids)
     src = np.searchsorted(plan.source_shard_offsets, shard, side="right") - 1
     return [Counter(ids[src == s].tolist()) for s in range(len(plan.sources))]

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from numpy.typing import NDArray
 
-from shardstream.client.plan import EpochPlan, PlanConfig, SourceSpec
+from shardstream.client.plan import EpochPlan, PlanConfig, SourceSpec, Tail
 
 SETTINGS = settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
@@ -19,7 +20,7 @@ SETTINGS = settings(
 
 @dataclass
 class Case:
-    sizes: np.ndarray
+    sizes: NDArray[np.int64]
     cfg: PlanConfig
     epoch: int
 
@@ -39,7 +40,7 @@ def cases(draw: st.DrawFn, max_shards: int = 40) -> Case:
     )
     if sizes.sum() == 0:
         sizes[0] = 1
-    tail = draw(st.sampled_from(["drop", "pad"]))
+    tail: Tail = draw(st.sampled_from(["drop", "pad"]))
     if tail == "drop" and sizes.sum() < parts * q:
         sizes[0] += parts * q
     cfg = PlanConfig(
@@ -172,7 +173,7 @@ def test_resume_at_random_position_is_identical(case: Case, data: st.DataObject)
     assert needed <= set(resumed.rank_shards(rank, world, start).tolist())
 
 
-def consume(plan: EpochPlan, world: int, workers: int, start: int, stop: int) -> np.ndarray:
+def consume(plan: EpochPlan, world: int, workers: int, start: int, stop: int) -> NDArray[np.int64]:
     """What a training job reads for global batches [start, stop): every rank's DataLoader
     round-robins over its workers, each worker reading ``plan.worker_batches``."""
     out = []
@@ -223,3 +224,25 @@ def test_windows_bound_the_shards_in_flight(case: Case) -> None:
             # window items cover at most window / min_nonempty_shard + 2 shards (+ wrap).
             nonempty = case.sizes[case.sizes > 0]
             assert shards.size <= w // nonempty.min() + 4
+
+
+@given(cases(), st.data())
+@SETTINGS
+def test_rank_schedule_brackets_every_read(case: Case, data: st.DataObject) -> None:
+    """Every batch that reads a shard lies inside the shard's [first, last] from the
+    schedule, and the schedule is in need order: a cache can follow it exactly."""
+    plan = case.plan()
+    world = data.draw(st.sampled_from(world_sizes(case.cfg)))
+    rank = data.draw(st.integers(0, world - 1))
+    start = data.draw(st.integers(0, plan.num_batches - 1))
+    shards, first, last = plan.rank_schedule(rank, world, start)
+    assert len(set(shards.tolist())) == shards.size
+    assert np.all(np.diff(first) >= 0) and np.all(first <= last)
+    assert first.size == 0 or (first.min() >= start and last.max() < plan.num_batches)
+    where = {s: i for i, s in enumerate(shards.tolist())}
+    rest = np.arange(start, plan.num_batches)
+    used = plan.locate(plan.rank_batches(rest, rank, world))[0]
+    for b, row in zip(rest.tolist(), used, strict=True):
+        for s in set(row.tolist()):
+            i = where[s]
+            assert first[i] <= b <= last[i], (s, b, first[i], last[i])

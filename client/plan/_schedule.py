@@ -1,0 +1,80 @@
+"""Which shards a rank reads, when: the plan's prefetch and eviction schedule.
+
+Works on the span layout only (O(spans) time and memory): a rank's partitions are
+contiguous item ranges, so its shards are the spans those ranges touch, and the window
+holding a span's items bounds the batches that read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+I64 = NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class PlanView:
+    """The parts of an :class:`~.EpochPlan` the schedule needs."""
+
+    span_start: I64
+    span_shard: I64
+    num_samples: int
+    num_batches: int
+    partition_size: int
+    partition_batch_size: int
+    window: int
+
+
+def spans_between(view: PlanView, a: int, b: int) -> tuple[I64, I64, I64]:
+    """Spans touching extended items ``[a, b)``: (span, touch start, touch end).
+
+    Extended items past the epoch's end wrap around (``tail="pad"``).
+    """
+    m, starts_of = view.num_samples, view.span_start
+    spans: list[I64] = []
+    starts: list[I64] = []
+    ends: list[I64] = []
+    while a < b:
+        base = (a // m) * m
+        lo, hi = a - base, min(b - base, m)
+        first = int(np.searchsorted(starts_of, lo, side="right")) - 1
+        last = int(np.searchsorted(starts_of, hi - 1, side="right")) - 1
+        idx = np.arange(first, last + 1, dtype=np.int64)
+        spans.append(idx)
+        starts.append(base + np.maximum(starts_of[idx], lo))
+        ends.append(base + np.minimum(starts_of[idx + 1], hi))
+        a = base + hi
+    return np.concatenate(spans), np.concatenate(starts), np.concatenate(ends)
+
+
+def rank_schedule(view: PlanView, parts: I64, lo: int, start_batch: int) -> tuple[I64, I64, I64]:
+    """``(shards, first, last)`` for a rank reading slots from ``lo`` of ``parts``.
+
+    A span whose items lie in windows ``i .. j`` of its partition is read only by batches
+    whose positions fall in those windows; shards are listed once, at their first need,
+    with the last batch over all their spans.
+    """
+    empty = np.zeros(0, dtype=np.int64)
+    if start_batch >= view.num_batches:
+        return empty, empty, empty
+    q, s, w = view.partition_batch_size, view.partition_size, view.window
+    firsts, lasts, shards = [], [], []
+    for p in parts.tolist():
+        x0 = (start_batch * q + lo) // w * w
+        spans, starts, ends = spans_between(view, p * s + x0, (p + 1) * s)
+        xs, xe = starts - p * s, ends - p * s
+        firsts.append(np.maximum(xs // w * w // q, start_batch))
+        lasts.append(np.minimum(((xe - 1) // w + 1) * w - 1, s - 1) // q)
+        shards.append(view.span_shard[spans])
+    first_all, last_all = np.concatenate(firsts), np.concatenate(lasts)
+    shard_all = np.concatenate(shards)
+    order = np.argsort(first_all, kind="stable")
+    shard_all, first_all, last_all = shard_all[order], first_all[order], last_all[order]
+    uniq, where, inverse = np.unique(shard_all, return_index=True, return_inverse=True)
+    last_per = np.full(uniq.size, -1, dtype=np.int64)
+    np.maximum.at(last_per, inverse, last_all)
+    keep = np.sort(where)
+    return shard_all[keep], first_all[keep], last_per[inverse[keep]]
