@@ -149,6 +149,25 @@ def hold_lease_forever(root: str, key: str, size: int, ready: str) -> None:
         time.sleep(600)
 
 
+def lease_forever(root: str, limit: int, shards: dict[str, int], seed: int, out: str) -> None:
+    """Lease random shards until killed; exit non-zero on wrong bytes or an overshoot."""
+    cache = ShardCache(root, limit_bytes=limit)
+    rng = random.Random(seed)
+    log = Path(root).parent / "downloads.log"
+    while True:
+        key = rng.choice(list(shards))
+        size = shards[key]
+        fetch = logging_fetch(key, size, log, rng.random() * 0.01)
+        with cache.lease(key, fetch, size=size) as path:
+            if path.read_bytes() != content(key, size):
+                Path(out).write_text(f"wrong bytes in {key}")
+                os._exit(3)
+            seen = data_bytes(Path(root))
+            if seen > limit:
+                Path(out).write_text(f"{seen} bytes cached, over the limit {limit}")
+                os._exit(4)
+
+
 def report_stats(cache: ShardCache, key: str, out: str) -> None:
     """In a forked child: counters start at zero, the inherited cache still works."""
     before = vars(cache.stats())
@@ -321,3 +340,47 @@ def test_forked_child_counts_its_own_stats(tmp_path: Path) -> None:
     assert result["ok"] and result["before"]["misses"] == 0 and result["before"]["downloads"] == 0
     assert result["after"]["hits"] == 1
     assert cache.stats().downloads == 1 and cache.stats().hits == 0
+
+
+def test_random_sigkills_never_corrupt_block_or_overshoot(tmp_path: Path) -> None:
+    """Four processes lease random shards under a tight limit while one of them is
+    SIGKILLed (mid-download, mid-lease, anywhere) and replaced every ~0.15 s."""
+    ctx = mp.get_context("fork")
+    rng = random.Random(3)
+    root = tmp_path / "cache"
+    shards = {f"v{i % 4}/s.{i:05d}": rng.randint(10_000, 100_000) for i in range(24)}
+    limit = 5 * 100_000  # 4 leases + 1 download always fit: no over-limit excuse
+    procs: list[Any] = [None] * 4
+
+    def start(i: int) -> None:
+        out = str(tmp_path / f"out{i}")
+        args = (str(root), limit, shards, rng.randrange(1 << 30), out)
+        procs[i] = ctx.Process(target=lease_forever, args=args)
+        procs[i].start()
+
+    for i in range(4):
+        start(i)
+    kills, deadline = 0, time.monotonic() + 4.0
+    try:
+        while time.monotonic() < deadline:
+            time.sleep(rng.random() * 0.3)
+            i = rng.randrange(4)
+            assert procs[i].exitcode is None, (tmp_path / f"out{i}").read_text()
+            os.kill(procs[i].pid, signal.SIGKILL)
+            procs[i].join(JOIN_S)
+            kills += 1
+            start(i)
+    finally:
+        for p in procs:
+            alive = p.exitcode is None
+            os.kill(p.pid, signal.SIGKILL)
+            p.join(JOIN_S)
+            assert alive, "a worker failed; see its out file"
+    assert kills >= 10
+    cache = ShardCache(root, limit_bytes=limit)  # a new run: dead leftovers swept
+    assert os.listdir(root / "tmp") == [] and os.listdir(root / "locks") == []
+    assert cache.usage_bytes() <= limit
+    for key, size in shards.items():
+        with cache.lease(key, logging_fetch(key, size, tmp_path / "log"), size=size) as path:
+            assert path.read_bytes() == content(key, size)
+    assert cache.stats().over_limit == 0
