@@ -246,10 +246,11 @@ class ShardCache:
             )
         pinned = pin_file(data)
         if pinned is not None:
+            _check_cached_size(pinned, key, data, size)
             self._touch(*pinned)
             with self._state.lock:
                 self._state.stats.hits += 1
-            return ShardLease(key, data, pinned[0], pinned[1].st_size), False
+            return ShardLease(key, data, pinned[0], size), False
         self._count(misses=1)
         return self._download(key, name, data, fetch, size)
 
@@ -263,8 +264,9 @@ class ShardCache:
         try:
             pinned = pin_file(data)
             if pinned is not None:  # another process finished it while we waited
+                _check_cached_size(pinned, key, data, size)
                 self._count(waits=1)
-                return ShardLease(key, data, pinned[0], pinned[1].st_size), False
+                return ShardLease(key, data, pinned[0], size), False
             res = self._space.reserve(name, size, os.getpid())
             self._count(
                 evictions=res.evicted, bytes_evicted=res.evicted_bytes, scans=int(res.scanned)
@@ -336,6 +338,18 @@ def _reset_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _check_cached_size(pinned: tuple[int, os.stat_result], key: str, data: Path, size: int) -> None:
+    """A cached file of another size is another shard under the same key: refuse it."""
+    fd, st = pinned
+    if st.st_size != size:
+        os.close(fd)
+        raise CorruptShardError(
+            f"shard {key!r}: the cache holds {st.st_size} bytes at {data} but the lease "
+            f"declared size={size}; cache keys must name immutable content (include the "
+            "version id), or the declared size is wrong"
+        )
 
 
 def _pin_new(target: Path, key: str, size: int) -> tuple[int, os.stat_result]:

@@ -144,6 +144,9 @@ def test_fetch_of_the_wrong_size_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(CorruptShardError, match="regular file"):
         cache.prefetch("v/a", lambda tmp: tmp.symlink_to(elsewhere), size=1000)
     assert data_names(tmp_path) == [] and os.listdir(tmp_path / "tmp") == []
+    cache.prefetch("v/a", Fetcher()("v/a", 1000), size=1000)
+    with pytest.raises(CorruptShardError, match=r"cache holds 1000 bytes.*size=2000"):
+        cache.prefetch("v/a", Fetcher()("v/a", 2000), size=2000)
 
 
 def test_fetch_may_replace_its_target_like_store_download(tmp_path: Path) -> None:
