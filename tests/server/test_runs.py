@@ -1,0 +1,114 @@
+"""Runs and checkpoints: monotonic, idempotent commits; 409 on conflicting state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from tests.server.conftest import make_published
+
+
+def _run(api: TestClient, tmp_path: Path, **extra: Any) -> dict[str, Any]:
+    make_published(api, "a", tmp_path / "a")
+    make_published(api, "b", tmp_path / "b")
+    body = {
+        "name": "job-1",
+        "sources": [
+            {"dataset": "a", "version": 1, "weight": 0.7},
+            {"dataset": "b", "version": 1, "weight": 0.3},
+        ],
+        "seed": 17,
+        "global_batch_size": 256,
+        "plan": {"num_partitions": 8, "shuffle": True},
+        **extra,
+    }
+    r = api.post("/v1/runs", json=body)
+    assert r.status_code == 201, r.text
+    result: dict[str, Any] = r.json()
+    return result
+
+
+def test_create_get_list_and_status(api: TestClient, tmp_path: Path) -> None:
+    run = _run(api, tmp_path)
+    assert run["status"] == "running"
+    assert [s["weight"] for s in run["sources"]] == [0.7, 0.3]
+    got = api.get(f"/v1/runs/{run['id']}").json()
+    assert got == run
+    listed = api.get("/v1/runs").json()
+    assert [r["id"] for r in listed["items"]] == [run["id"]]
+    done = api.patch(f"/v1/runs/{run['id']}", json={"status": "completed"}).json()
+    assert done["status"] == "completed"
+    assert api.patch(f"/v1/runs/{run['id']}", json={"status": "weird"}).status_code == 422
+    assert api.get("/v1/runs/999").status_code == 404
+
+
+def test_runs_read_only_published_versions(api: TestClient, tmp_path: Path) -> None:
+    make_published(api, "a", tmp_path / "a")
+    api.post("/v1/datasets/a/versions", json={"columns": {}})
+    body = {"sources": [{"dataset": "a", "version": 2}], "global_batch_size": 4}
+    draft = api.post("/v1/runs", json=body)
+    assert draft.status_code == 409
+    assert "published" in draft.json()["detail"]
+    body["sources"] = [{"dataset": "a", "version": 9}]
+    assert api.post("/v1/runs", json=body).status_code == 404
+    bad = {"sources": [{"dataset": "a", "version": 1, "weight": -1}], "global_batch_size": 4}
+    r = api.post("/v1/runs", json=bad)
+    assert r.status_code == 422
+    assert "body.sources[0].weight" in r.json()["detail"]
+    assert api.post("/v1/runs", json={"sources": [], "global_batch_size": 4}).status_code == 422
+
+
+def test_checkpoint_semantics(api: TestClient, tmp_path: Path) -> None:
+    run = _run(api, tmp_path)
+    url = f"/v1/runs/{run['id']}/checkpoints"
+    assert api.get(f"{url}/latest").status_code == 404
+    state = {"step": 100, "epoch": 0, "sample_in_epoch": 25_600, "plan": {"num_partitions": 8}}
+    first = api.post(url, json=state)
+    assert first.status_code == 201
+    assert first.json()["step"] == 100
+    same = api.post(url, json=state)
+    assert same.status_code == 200  # idempotent re-commit
+    assert same.json() == first.json()
+    changed = api.post(url, json={**state, "sample_in_epoch": 1})
+    assert changed.status_code == 409
+    assert "step 100" in changed.json()["detail"]
+    assert api.post(url, json={**state, "step": 200, "sample_in_epoch": 51_200}).status_code == 201
+    lower = api.post(url, json={**state, "step": 150})
+    assert lower.status_code == 409
+    assert "lower than" in lower.json()["detail"]
+    assert "200" in lower.json()["detail"]
+    # an old step can still be re-committed with its own state (a retry), and read back
+    assert api.post(url, json=state).status_code == 200
+    assert api.get(f"{url}/latest").json()["step"] == 200
+    assert api.get(f"{url}/100").json()["sample_in_epoch"] == 25_600
+    assert api.get(f"{url}/150").status_code == 404
+    listed = api.get(url, params={"limit": 1}).json()
+    assert [c["step"] for c in listed["items"]] == [100]
+    assert [
+        c["step"] for c in api.get(url, params={"cursor": listed["next_cursor"]}).json()["items"]
+    ] == [200]
+    assert api.post(url, json={**state, "step": -1}).status_code == 422
+    assert api.post("/v1/runs/999/checkpoints", json=state).status_code == 404
+
+
+def test_metrics_count_checkpoint_commits(api: TestClient, tmp_path: Path) -> None:
+    run = _run(api, tmp_path)
+    url = f"/v1/runs/{run['id']}/checkpoints"
+    state = {"step": 1, "epoch": 0, "sample_in_epoch": 8}
+    api.post(url, json=state)
+    api.post(url, json=state)
+    api.post(url, json={**state, "epoch": 3})
+    text = api.get("/metrics").text
+    assert 'shardstream_checkpoint_commits_total{result="created"} 1.0' in text
+    assert 'shardstream_checkpoint_commits_total{result="unchanged"} 1.0' in text
+    assert 'shardstream_checkpoint_commits_total{result="conflict"} 1.0' in text
+    assert 'shardstream_runs{status="running"} 1.0' in text
+    assert 'shardstream_versions{status="published"} 2.0' in text
+    assert 'shardstream_datasets{status="all"} 2.0' in text
+    assert 'route="/v1/runs/{run_id}/checkpoints",status="409"' in text
+    assert (
+        "shardstream_http_request_duration_seconds_count"
+        '{method="POST",route="/v1/runs/{run_id}/checkpoints"} 3.0' in text
+    )

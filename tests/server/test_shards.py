@@ -1,0 +1,129 @@
+"""The shard index (keyset pages, streamed index.json) and presigned URLs."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import httpx
+import numpy as np
+from fastapi.testclient import TestClient
+
+from shardstream.mds import MDSWriter, load_index
+from shardstream.shard_builder.publish import shard_record
+from tests.fixtures.s3 import S3Bucket
+from tests.server.conftest import make_published, shard
+
+
+def test_pages_cover_a_large_index_exactly_once(api: TestClient, tmp_path: Path) -> None:
+    """20k shards: every page is a keyset range; together they are the index, in order."""
+    api.post("/v1/datasets", json={"name": "big"})
+    root = tmp_path / "big"
+    v = api.post(
+        "/v1/datasets/big/versions", json={"columns": {}, "storage_root": root.as_uri()}
+    ).json()
+    total = 20_000
+    url = f"/v1/datasets/big/versions/{v['number']}"
+    for start in range(0, total, 5000):
+        body = {
+            "shards": [shard(i, size=1, key=f"d{i % 7}/s{i}") for i in range(start, start + 5000)]
+        }
+        assert api.post(f"{url}/shards", json=body).status_code == 200
+    seen = []
+    cursor = None
+    while True:
+        params: dict[str, object] = {"limit": 7000} | ({"cursor": cursor} if cursor else {})
+        page = api.get(f"{url}/shards", params=params).json()
+        seen += [s["index"] for s in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == list(range(total))
+    assert api.get(f"{url}/shards", params={"limit": 10_001}).status_code == 422
+    assert api.get(f"{url}/shards", params={"cursor": "x"}).status_code == 422
+    assert api.get(url).json()["num_shards"] == total
+
+
+def test_index_json_is_the_mds_index(api: TestClient, tmp_path: Path) -> None:
+    root = tmp_path / "mds"
+    with MDSWriter(root, {"x": "int", "t": "str"}, compression="zstd", size_limit=1 << 10) as w:
+        for i in range(300):
+            w.write({"x": i, "t": "s" * (i % 50)})
+    index = load_index(root / "index.json")
+    assert len(index.shards) > 3
+    api.post("/v1/datasets", json={"name": "m"})
+    v = api.post(
+        "/v1/datasets/m/versions", json={"columns": {"x": "int"}, "storage_root": root.as_uri()}
+    ).json()
+    base = f"/v1/datasets/m/versions/{v['number']}"
+    records = [shard_record(i, s).model_dump(mode="json") for i, s in enumerate(index.shards)]
+    assert api.post(f"{base}/shards", json={"shards": records}).status_code == 200
+    assert api.get(f"{base}/index.json").status_code == 409  # drafts have no index yet
+    assert api.post(f"{base}/publish").status_code == 200
+    r = api.get(f"{base}/index.json")
+    assert r.status_code == 200
+    assert load_index(r.content) == index
+    assert json.loads(r.content)["version"] == 2
+    assert (
+        api.get(f"{base}/index.json", headers={"If-None-Match": r.headers["etag"]}).status_code
+        == 304
+    )
+
+
+def test_presign_local_gives_file_urls(api: TestClient, tmp_path: Path) -> None:
+    v = make_published(api, "loc", tmp_path / "loc", shards=3)
+    base = f"/v1/datasets/loc/versions/{v['number']}"
+    r = api.post(f"{base}/presign", json={"keys": ["shard.00000.mds", "shard.00002.mds"]})
+    assert r.status_code == 200, r.text
+    urls = r.json()["urls"]
+    assert set(urls) == {"shard.00000.mds", "shard.00002.mds"}
+    path = Path(urlparse(urls["shard.00002.mds"]).path)
+    assert path == tmp_path / "loc" / "shard.00002.mds"
+    assert path.read_bytes() == b"x" * 10
+    unknown = api.post(f"{base}/presign", json={"keys": ["nope.mds"]})
+    assert unknown.status_code == 404
+    assert "nope.mds" in unknown.json()["detail"]
+    escape = api.post(f"{base}/presign", json={"keys": ["../x"]})
+    assert escape.status_code == 422
+    assert api.post(f"{base}/presign", json={"keys": []}).status_code == 422
+
+
+def test_presign_s3_urls_work_without_credentials(
+    api: TestClient, s3_bucket: S3Bucket, monkeypatch: object
+) -> None:
+    client = s3_bucket.client()
+    payloads = {f"v1/shard.{i:05d}.mds": np.random.default_rng(i).bytes(100 + i) for i in range(3)}
+    for key, data in payloads.items():
+        client.put_object(Bucket=s3_bucket.name, Key=key, Body=data)
+    api.post("/v1/datasets", json={"name": "s3ds"})
+    v = api.post(
+        "/v1/datasets/s3ds/versions",
+        json={"columns": {}, "storage_root": f"{s3_bucket.url}/v1"},
+    ).json()
+    base = f"/v1/datasets/s3ds/versions/{v['number']}"
+    records = [shard(i, size=100 + i) for i in range(3)]
+    records[1]["stored_bytes"] = 5  # wrong size: publish must refuse
+    assert api.post(f"{base}/shards", json={"shards": records}).status_code == 200
+    refused = api.post(f"{base}/publish")
+    assert refused.status_code == 409
+    assert "shard.00001.mds" in refused.json()["detail"]
+    assert api.post(f"{base}/abort").status_code == 200
+
+    v = api.post(
+        "/v1/datasets/s3ds/versions",
+        json={"columns": {}, "storage_root": f"{s3_bucket.url}/v1"},
+    ).json()
+    base = f"/v1/datasets/s3ds/versions/{v['number']}"
+    api.post(f"{base}/shards", json={"shards": [shard(i, size=100 + i) for i in range(3)]})
+    assert api.post(f"{base}/publish").status_code == 200
+    r = api.post(f"{base}/presign", json={"keys": ["shard.00001.mds"], "expires_s": 60})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    url = body["urls"]["shard.00001.mds"]
+    assert "X-Amz-Signature" in url or "Signature" in url
+    # a plain HTTP GET with no AWS credentials fetches the bytes
+    assert httpx.get(url).content == payloads["v1/shard.00001.mds"]
+    expires = body["expires_at"]
+    assert expires > time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())

@@ -1,0 +1,125 @@
+"""Tokens: scopes, dataset allow-lists, revocation, secrets stored only as hashes."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+
+from tests.server.conftest import make_published
+
+
+def _client(app: FastAPI, secret: str | None) -> TestClient:
+    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+    return TestClient(app, headers=headers)
+
+
+def _token(api: TestClient, name: str, scopes: list[str], datasets: list[str] | None = None) -> str:
+    r = api.post("/v1/tokens", json={"name": name, "scopes": scopes, "datasets": datasets})
+    assert r.status_code == 201, r.text
+    secret: str = r.json()["secret"]
+    assert secret.startswith("ss_")
+    return secret
+
+
+def test_every_endpoint_but_health_needs_a_token(app: FastAPI) -> None:
+    anon = _client(app, None)
+    for path in ["/v1/datasets", "/v1/runs", "/v1/tokens", "/v1/whoami", "/v1/datasets/x"]:
+        r = anon.get(path)
+        assert r.status_code == 401, path
+        assert "token" in r.json()["detail"]
+    assert anon.get("/healthz").status_code == 200
+    assert anon.get("/readyz").status_code == 200
+    assert anon.get("/metrics").status_code == 200
+    assert _client(app, "ss_wrong").get("/v1/datasets").status_code == 401
+    basic = anon.get("/v1/datasets", headers={"Authorization": "Basic abc"})
+    assert basic.status_code == 401
+
+
+def test_scopes(api: TestClient, app: FastAPI, tmp_path: Path) -> None:
+    make_published(api, "wiki", tmp_path / "w")
+    reader = _client(app, _token(api, "reader", ["read"]))
+    writer = _client(app, _token(api, "writer", ["write"]))
+    assert reader.get("/v1/datasets/wiki").status_code == 200
+    denied = reader.post("/v1/datasets", json={"name": "new"})
+    assert denied.status_code == 403
+    assert "write" in denied.json()["detail"]
+    assert writer.post("/v1/datasets", json={"name": "new"}).status_code == 201
+    assert writer.get("/v1/datasets/new").status_code == 200  # write includes read
+    assert writer.post("/v1/tokens", json={"name": "x", "scopes": ["read"]}).status_code == 403
+    assert reader.get("/v1/whoami").json()["scope"] == "read"
+
+
+def test_dataset_allow_list(api: TestClient, app: FastAPI, tmp_path: Path) -> None:
+    make_published(api, "open", tmp_path / "o")
+    make_published(api, "secret", tmp_path / "s")
+    limited = _client(app, _token(api, "limited", ["write"], datasets=["open"]))
+    assert [d["name"] for d in limited.get("/v1/datasets").json()["items"]] == ["open"]
+    assert limited.get("/v1/datasets/open/versions/1").status_code == 200
+    r = limited.get("/v1/datasets/secret/versions/1")
+    assert r.status_code == 403
+    assert "secret" in r.json()["detail"]
+    assert (
+        limited.post(
+            "/v1/datasets/secret/versions/1/presign", json={"keys": ["shard.00000.mds"]}
+        ).status_code
+        == 403
+    )
+    assert limited.post("/v1/datasets", json={"name": "other"}).status_code == 403
+    run_secret = api.post(
+        "/v1/runs", json={"sources": [{"dataset": "secret", "version": 1}], "global_batch_size": 2}
+    ).json()
+    run_open = limited.post(
+        "/v1/runs", json={"sources": [{"dataset": "open", "version": 1}], "global_batch_size": 2}
+    )
+    assert run_open.status_code == 201
+    assert (
+        limited.post(
+            "/v1/runs",
+            json={"sources": [{"dataset": "secret", "version": 1}], "global_batch_size": 2},
+        ).status_code
+        == 403
+    )
+    assert limited.get(f"/v1/runs/{run_secret['id']}").status_code == 403
+    assert [r["id"] for r in limited.get("/v1/runs").json()["items"]] == [run_open.json()["id"]]
+
+
+def test_revoke_and_secret_is_only_a_hash(api: TestClient, app: FastAPI) -> None:
+    r = api.post("/v1/tokens", json={"name": "temp", "scopes": ["read"]})
+    token = r.json()
+    client = _client(app, token["secret"])
+    assert client.get("/v1/datasets").status_code == 200
+    listed = api.get("/v1/tokens").json()["items"]
+    assert [t["secret"] for t in listed] == [None]
+    assert api.get(f"/v1/tokens/{token['id']}").json()["secret"] is None
+    with app.state.engine.connect() as conn:
+        stored = conn.execute(text("SELECT secret_hash FROM tokens")).scalars().all()
+    assert stored == [hashlib.sha256(token["secret"].encode()).hexdigest()]
+    assert api.delete(f"/v1/tokens/{token['id']}").json()["revoked_at"] is not None
+    revoked = client.get("/v1/datasets")
+    assert revoked.status_code == 401
+    assert "revoked" in revoked.json()["detail"]
+    assert api.delete("/v1/tokens/999").status_code == 404
+
+
+def test_expired_token(api: TestClient, app: FastAPI) -> None:
+    r = api.post(
+        "/v1/tokens", json={"name": "old", "scopes": ["read"], "expires_at": "2001-01-01T00:00:00Z"}
+    )
+    expired = _client(app, r.json()["secret"]).get("/v1/datasets")
+    assert expired.status_code == 401
+    assert "expired" in expired.json()["detail"]
+
+
+def test_invalid_token_requests(api: TestClient) -> None:
+    assert api.post("/v1/tokens", json={"name": "x", "scopes": ["root"]}).status_code == 422
+    assert api.post("/v1/tokens", json={"name": "x", "scopes": []}).status_code == 422
+    assert (
+        api.post(
+            "/v1/tokens", json={"name": "x", "scopes": ["read"], "datasets": ["BAD"]}
+        ).status_code
+        == 422
+    )
