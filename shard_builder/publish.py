@@ -60,22 +60,37 @@ def shard_record(index: int, info: ShardInfo, *, prefix: str = "") -> ShardRecor
 
 
 class DraftVersion:
-    """A draft version that publishes on success and aborts on error (context manager)."""
+    """A draft version that publishes on success and aborts on error (context manager).
+
+    ``api`` is an :class:`~shardstream.api_client.APIClient`, or a server URL (None:
+    ``SHARDSTREAM_SERVER``) for which one is opened with ``token`` (None:
+    ``SHARDSTREAM_TOKEN``) and closed at exit. The draft is opened on entry, so a build
+    that fails leaves an aborted draft behind; columns and storage root may be given
+    later, by :meth:`add_build` or :meth:`update`, before the first shard is added.
+    """
 
     def __init__(
         self,
-        api: APIClient,
+        api: APIClient | str | None,
         dataset: str,
         *,
-        columns: Mapping[str, str],
+        columns: Mapping[str, str] | None = None,
         storage_root: str | None = None,
         builder_config: Mapping[str, Any] | None = None,
         lineage: Mapping[str, Any] | None = None,
         description: str = "",
+        token: str | None = None,
     ) -> None:
-        self.api = api
+        if api is None or isinstance(api, str):
+            from shardstream.api_client import APIClient
+
+            self.api = APIClient(api, token)
+            self._owns_api = True
+        else:
+            self.api = api
+            self._owns_api = False
         self.dataset = dataset
-        self._columns = dict(columns)
+        self._columns = dict(columns or {})
         self._storage_root = storage_root
         self._builder_config = dict(builder_config or {})
         self._lineage = dict(lineage or {})
@@ -115,6 +130,25 @@ class DraftVersion:
         log.info("opened draft %s v%d at %s", self.dataset, self.number, self.storage_root)
         return self._version
 
+    def update(
+        self,
+        *,
+        columns: Mapping[str, str] | None = None,
+        storage_root: str | None = None,
+        builder_config: Mapping[str, Any] | None = None,
+        lineage: Mapping[str, Any] | None = None,
+    ) -> VersionPublic:
+        """Fill in the draft's columns, storage root (before any shard), config, lineage."""
+        self._version = self.api.update_version(
+            self.dataset,
+            self.number,
+            columns=columns,
+            storage_root=_as_url(storage_root) if storage_root is not None else None,
+            builder_config=builder_config,
+            lineage=lineage,
+        )
+        return self._version
+
     def add_shards(self, records: Sequence[ShardRecord]) -> None:
         """Register shard records (indexes must continue from the shards added so far)."""
         if records:
@@ -127,6 +161,22 @@ class DraftVersion:
         self.add_shards(
             [shard_record(start + i, info, prefix=prefix) for i, info in enumerate(index.shards)]
         )
+
+    def add_build(self, result: Any) -> None:
+        """Register a finished build (a ``BuildResult``): its output becomes the storage
+        root, its columns, config and lineage are recorded, then its shards are added."""
+        import json
+
+        def plain(value: Any) -> Any:  # Paths, tuples, dataclasses -> JSON values
+            return json.loads(json.dumps(value, default=str))
+
+        self.update(
+            columns=dict(result.columns),
+            storage_root=str(result.output),
+            builder_config=plain({"kind": result.kind, **dict(result.config)}),
+            lineage=plain({"inputs": result.lineage, "metadata": result.metadata}),
+        )
+        self.add_index(result.index)
 
     def publish(self) -> VersionPublic:
         """Publish the draft now (the server checks every shard's size in storage)."""
@@ -143,8 +193,17 @@ class DraftVersion:
         except Exception as exc:  # the original error matters more than this one
             log.warning("could not abort draft %s v%d: %s", self.dataset, self.number, exc)
 
+    def close(self) -> None:
+        """Close the HTTP client if this object opened it."""
+        if self._owns_api:
+            self.api.close()
+
     def __enter__(self) -> DraftVersion:
-        self.open()
+        try:
+            self.open()
+        except BaseException:
+            self.close()
+            raise
         return self
 
     def __exit__(
@@ -153,15 +212,26 @@ class DraftVersion:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc_type is not None:
-            self.abort()
-            return
-        if self.version.status == "draft":
-            try:
-                self.publish()
-            except BaseException:
+        try:
+            if exc_type is not None:
                 self.abort()
-                raise
+            elif self.version.status == "draft":
+                try:
+                    self.publish()
+                except BaseException:
+                    self.abort()
+                    raise
+        finally:
+            self.close()
+
+
+def _as_url(root: str) -> str:
+    """A storage root as a URL: local paths become absolute ``file://`` URLs."""
+    if "://" in root:
+        return root.rstrip("/")
+    from pathlib import Path
+
+    return Path(root).expanduser().resolve().as_uri()
 
 
 def register_index(
@@ -182,11 +252,7 @@ def register_index(
             f"{index_url!r} is not an index.json URL; give e.g. s3://bucket/data/index.json "
             "or /abs/path/index.json"
         )
-    if "://" not in root:
-        from pathlib import Path
-
-        root = Path(root).expanduser().resolve().as_uri()
-    store = open_store(root)
+    store = open_store(_as_url(root))
     index = load_index(store.read_bytes(name))
     if not index.shards:
         raise ConfigError(f"{index_url} lists no shards; nothing to register")

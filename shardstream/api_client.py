@@ -63,6 +63,7 @@ from shardstream.wire import (
     TokenPublic,
     VersionCreate,
     VersionPublic,
+    VersionUpdate,
 )
 
 M = TypeVar("M", bound=BaseModel)
@@ -254,6 +255,26 @@ class APIClient:
         )
         path = f"/v1/datasets/{dataset}/versions"
         return self._model(VersionPublic, self.request("POST", path, json=_dump(body)))
+
+    def update_version(
+        self,
+        dataset: str,
+        number: int,
+        *,
+        columns: Mapping[str, str] | None = None,
+        storage_root: str | None = None,
+        builder_config: Mapping[str, Any] | None = None,
+        lineage: Mapping[str, Any] | None = None,
+    ) -> VersionPublic:
+        """Fill in a draft (columns, storage root before any shard, config, lineage)."""
+        body = VersionUpdate(
+            columns=dict(columns) if columns is not None else None,
+            storage_root=storage_root,
+            builder_config=dict(builder_config) if builder_config is not None else None,
+            lineage=dict(lineage) if lineage is not None else None,
+        )
+        path = f"/v1/datasets/{dataset}/versions/{number}"
+        return self._model(VersionPublic, self.request("PATCH", path, json=_dump(body)))
 
     def get_version(self, dataset: str, number: int) -> VersionPublic:
         """One version (published ones are cached and revalidated by ETag)."""

@@ -182,6 +182,21 @@ class VersionCreate(_Model):
     lineage: JSONObject = Field(default_factory=dict)
 
 
+class VersionUpdate(_Model):
+    """Change a draft before its shards are registered (unset fields stay as they are).
+
+    The builder opens its draft before building (so a failed build leaves an aborted
+    draft) and fills in the columns and storage root once the build knows them.
+    """
+
+    columns: (
+        dict[Annotated[str, Field(max_length=256)], Annotated[str, Field(max_length=256)]] | None
+    ) = None
+    storage_root: Annotated[str, Field(min_length=1, max_length=2048)] | None = None
+    builder_config: JSONObject | None = None
+    lineage: JSONObject | None = None
+
+
 class ShardRecord(_Model):
     """One shard of a version.
 
@@ -375,6 +390,7 @@ __all__ = [
     "VersionCreate",
     "VersionPublic",
     "VersionStatus",
+    "VersionUpdate",
     "check_name",
     "check_shard_key",
 ]

@@ -14,6 +14,7 @@ from shardstream.wire import (
     ShardRecord,
     VersionCreate,
     VersionPublic,
+    VersionUpdate,
 )
 
 from . import decode_cursor
@@ -134,6 +135,31 @@ def _require_draft(row: VersionRow, dataset: str, action: str) -> None:
             "published versions are immutable, create a new draft instead",
             409,
         )
+
+
+def update_draft(
+    session: Session, dataset: DatasetRow, number: int, body: VersionUpdate
+) -> VersionRow:
+    """Change a draft's columns, config, lineage, or (while it has no shards) storage root."""
+    row = get(session, dataset, number, lock=True)
+    _require_draft(row, dataset.name, "change")
+    if body.storage_root is not None:
+        root = normalize_storage_root(body.storage_root)
+        if root != row.storage_root and row.num_shards:
+            raise ConflictError(
+                f"version {number} of {dataset.name!r} already has {row.num_shards} shards "
+                f"under {row.storage_root}; its storage root can no longer change",
+                409,
+            )
+        row.storage_root = root
+    if body.columns is not None:
+        row.columns = dict(body.columns)
+    if body.builder_config is not None:
+        row.builder_config = body.builder_config
+    if body.lineage is not None:
+        row.lineage = body.lineage
+    session.flush()
+    return row
 
 
 def _same(row: ShardRow, rec: ShardRecord) -> bool:

@@ -168,3 +168,22 @@ def test_missing_version_404(api: TestClient) -> None:
     assert "version 7" in r.json()["detail"]
     assert api.get("/v1/datasets/wiki/versions/latest").status_code == 404
     assert api.get("/v1/datasets/wiki/versions/0").status_code == 422
+
+
+def test_update_draft_before_shards(api: TestClient, tmp_path: Path) -> None:
+    n = _draft(api)
+    url = f"/v1/datasets/wiki/versions/{n}"
+    r = api.patch(url, json={"columns": {"a": "str"}, "storage_root": str(tmp_path / "out")})
+    assert r.status_code == 200
+    assert (r.json()["columns"], r.json()["storage_root"]) == (
+        {"a": "str"},
+        (tmp_path / "out").as_uri(),
+    )
+    assert r.json()["lineage"] == {"source": "s3://raw/wiki"}  # unset fields unchanged
+    api.post(f"{url}/shards", json={"shards": [shard(0)]})
+    moved = api.patch(url, json={"storage_root": "s3://elsewhere/x"})
+    assert moved.status_code == 409
+    assert "storage root" in moved.json()["detail"]
+    assert api.patch(url, json={"lineage": {"k": 1}}).json()["lineage"] == {"k": 1}
+    api.post(f"{url}/abort")
+    assert api.patch(url, json={"lineage": {}}).status_code == 409

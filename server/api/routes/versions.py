@@ -23,7 +23,14 @@ from shardstream.server.data import datasets as datasets_data
 from shardstream.server.data import shards as shards_data
 from shardstream.server.data import versions as data
 from shardstream.server.stores import verify_shards
-from shardstream.wire import Page, ShardBatch, ShardBatchResult, VersionCreate, VersionPublic
+from shardstream.wire import (
+    Page,
+    ShardBatch,
+    ShardBatchResult,
+    VersionCreate,
+    VersionPublic,
+    VersionUpdate,
+)
 
 router = APIRouter(prefix="/v1/datasets/{name}/versions", tags=["versions"], responses=ERRORS)
 
@@ -76,6 +83,16 @@ def get_version(
     if cached is not None:
         return cached
     set_cache_headers(response, etag)
+    return data.to_public(row, name)
+
+
+@router.patch("/{number}")
+def update_version(
+    name: DatasetName, number: VersionNumber, body: VersionUpdate, session: SessionDep, who: Writer
+) -> VersionPublic:
+    """Fill in a draft's columns, storage root (before any shard), config or lineage."""
+    who.require_dataset(name)
+    row = data.update_draft(session, datasets_data.get(session, name), number, body)
     return data.to_public(row, name)
 
 
