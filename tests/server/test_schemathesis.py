@@ -61,6 +61,7 @@ def test_no_server_errors_and_schema_conformance(live: LiveServer, tmp_path: Pat
             "none",
             "--no-color",
         ],
+        check=False,
         capture_output=True,
         text=True,
         timeout=400,
