@@ -36,7 +36,7 @@ class StorageOptions:
     session_token: str | None = field(default=None, repr=False)
     max_connections: int = 8
     """Most concurrent requests one store makes (all downloads and uploads together)."""
-    part_size: int = 8 * MiB
+    part_size: int = 16 * MiB
     """Objects larger than this are fetched as parallel ranged GETs of this size, and
     uploaded as multipart (parts at least 5 MiB, as S3 requires)."""
     retries: int = 6
