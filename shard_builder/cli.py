@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from typing import Any
 
 
@@ -57,13 +58,23 @@ def register(subparsers: Any) -> None:
         default="fail",
         help="stop at an undecodable image, or leave it out and report it (default: fail)",
     )
+    images.add_argument(
+        "--verify-images",
+        choices=["quick", "full"],
+        default="quick",
+        help="quick: JPEG/PNG structure (truncation), decoding only files that fail it; "
+        "full: decode every image (slower). Default: quick",
+    )
     _add_output_options(images)
     images.set_defaults(handler=_run_images)
 
 
 def _add_output_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "-o", "--output", required=True, help="output directory or s3://bucket/prefix"
+        "-o",
+        "--output",
+        help="output directory or s3://bucket/prefix (with --dataset: default is the "
+        "storage root the server assigns to the new version)",
     )
     parser.add_argument(
         "--shard-size", default="128MB", help="target shard size, 64MB-256MB (default 128MB)"
@@ -88,15 +99,16 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
         help="server URL (default: $SHARDSTREAM_SERVER); with --dataset, publish a version",
     )
     publish.add_argument("--dataset", help="dataset name to publish the build as a new version")
-    publish.add_argument("--description", default="", help="description of the new version")
+    publish.add_argument("--token", help="API token (default: $SHARDSTREAM_TOKEN)")
+    publish.add_argument("--description", default="", help="description of a new dataset")
 
 
-def _output_options(args: argparse.Namespace) -> dict[str, Any]:
+def _output_options(args: argparse.Namespace, output: str) -> dict[str, Any]:
     from shardstream.shard_builder.config import parse_size
 
     compression = None if args.compression.lower() in ("", "none") else args.compression
     return {
-        "output": args.output,
+        "output": output,
         "shard_size": parse_size(args.shard_size),
         "compression": compression,
         "hashes": tuple(h.strip() for h in args.hashes.split(",") if h.strip()),
@@ -113,54 +125,70 @@ def _run_text(args: argparse.Namespace) -> int:
     from shardstream.shard_builder.config import TextBuildConfig, parse_size
     from shardstream.shard_builder.text import build_text
 
-    config = TextBuildConfig(
-        inputs=tuple(args.inputs),
-        field=args.field,
-        tokenizer=Path(args.tokenizer) if args.tokenizer else None,
-        eos_token=args.eos_token,
-        seq_len=args.seq_len,
-        chunk_bytes=parse_size(args.chunk_bytes),
-        **_output_options(args),
-    )
-    return _run(args, lambda: build_text(config))
+    def build(output: str) -> Any:
+        config = TextBuildConfig(
+            inputs=tuple(args.inputs),
+            field=args.field,
+            tokenizer=Path(args.tokenizer) if args.tokenizer else None,
+            eos_token=args.eos_token,
+            seq_len=args.seq_len,
+            chunk_bytes=parse_size(args.chunk_bytes),
+            **_output_options(args, output),
+        )
+        return build_text(config)
+
+    return _run(args, build)
 
 
 def _run_images(args: argparse.Namespace) -> int:
     from shardstream.shard_builder.config import ImageBuildConfig
     from shardstream.shard_builder.images import build_images
 
-    config = ImageBuildConfig(
-        inputs=tuple(args.inputs),
-        image_field=args.image_field,
-        label_field=args.label_field,
-        image_format=args.image_format,
-        resize=args.resize,
-        jpeg_quality=args.jpeg_quality,
-        on_bad_image=args.on_bad_image,
-        **_output_options(args),
-    )
-    return _run(args, lambda: build_images(config))
+    def build(output: str) -> Any:
+        config = ImageBuildConfig(
+            inputs=tuple(args.inputs),
+            image_field=args.image_field,
+            label_field=args.label_field,
+            image_format=args.image_format,
+            resize=args.resize,
+            jpeg_quality=args.jpeg_quality,
+            on_bad_image=args.on_bad_image,
+            verify_images=args.verify_images,
+            **_output_options(args, output),
+        )
+        return build_images(config)
+
+    return _run(args, build)
 
 
-def _run(args: argparse.Namespace, build: Any) -> int:
+def _run(args: argparse.Namespace, build: Callable[[str], Any]) -> int:
+    """Run ``build(output)``; with ``--dataset``, inside a server draft that it publishes."""
     import sys
 
     from shardstream.errors import ConfigError
 
     if args.dataset and not args.server:
         raise ConfigError("--dataset needs --server URL (or SHARDSTREAM_SERVER) to publish to")
+    if not args.dataset and not args.output:
+        raise ConfigError("--output is required (a directory or s3://bucket/prefix)")
     if args.dataset:
-        # Written by the server side; imported only when publishing is asked for.
         import importlib
 
+        # Written by the server side; imported only when publishing is asked for.
         publish: Any = importlib.import_module("shardstream.shard_builder.publish")
-        with publish.DraftVersion(args.server, args.dataset, description=args.description) as draft:
-            result = build()
+        with publish.DraftVersion(
+            args.server, args.dataset, description=args.description, token=args.token
+        ) as draft:
+            # A draft aborts if the build raises, so a failed build is never published.
+            result = build(args.output or draft.storage_root)
             draft.add_build(result)
-        print(f"published {args.dataset}: {result.summary()}", file=sys.stderr)
-        return 0
-    result = build()
-    print(result.summary(), file=sys.stderr)
+        print(
+            f"published {args.dataset} version {draft.number}: {result.summary()}",
+            file=sys.stderr,
+        )
+    else:
+        result = build(args.output)
+        print(result.summary(), file=sys.stderr)
     for bad in result.skipped:
         print(f"skipped {bad.source}: {bad.reason}", file=sys.stderr)
     return 0

@@ -24,6 +24,7 @@ MAX_SHARD_SIZE = 256 * MB
 _ABSOLUTE_MIN_SHARD_SIZE = 1024
 
 BadImagePolicy = Literal["fail", "skip"]
+ImageVerify = Literal["quick", "full"]
 ImageFormat = Literal["auto", "jpeg", "png", "bytes"]
 
 
@@ -124,6 +125,8 @@ class ImageBuildConfig(OutputOptions):
     string; strings become label ids in sorted order). ``resize`` re-encodes each image so
     its shorter side is at most ``resize`` pixels. ``on_bad_image`` decides whether an
     undecodable image stops the build (``fail``) or is left out and reported (``skip``).
+    ``verify_images`` is ``quick`` (structure check: SOI/EOI, PNG IEND; a full decode only
+    for files that fail it) or ``full`` (decode every image).
     """
 
     inputs: tuple[str, ...] = ()
@@ -133,6 +136,7 @@ class ImageBuildConfig(OutputOptions):
     resize: int | None = None
     jpeg_quality: int = 90
     on_bad_image: BadImagePolicy = "fail"
+    verify_images: ImageVerify = "quick"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -144,6 +148,10 @@ class ImageBuildConfig(OutputOptions):
             raise ConfigError(f"jpeg-quality must be 1-100, got {self.jpeg_quality}")
         if self.on_bad_image not in ("fail", "skip"):
             raise ConfigError(f"on-bad-image must be 'fail' or 'skip', got {self.on_bad_image!r}")
+        if self.verify_images not in ("quick", "full"):
+            raise ConfigError(
+                f"verify-images must be 'quick' or 'full', got {self.verify_images!r}"
+            )
         if self.image_format not in ("auto", "jpeg", "png", "bytes"):
             raise ConfigError(
                 f"image-format must be auto, jpeg, png or bytes, got {self.image_format!r}"

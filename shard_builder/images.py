@@ -9,7 +9,6 @@ continues after its last finished shard produces the same shards as an uninterru
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass, replace
@@ -42,6 +41,7 @@ class _Task:
     columns: tuple[tuple[str, str], ...]
     resize: int | None
     jpeg_quality: int
+    verify: str
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,9 @@ def _process_chunk(task: _Task) -> _Done:
         try:
             if data is None:
                 raise BadImageError("the image value is null")
-            image = check_image(data, resize=task.resize, jpeg_quality=task.jpeg_quality)
+            image = check_image(
+                data, resize=task.resize, jpeg_quality=task.jpeg_quality, verify=task.verify
+            )
         except BadImageError as exc:
             done.bad.append((number, BadInput(source, str(exc))))
             continue
@@ -79,20 +81,79 @@ def _image_encoding(config: ImageBuildConfig, source: ImageSource) -> str:
     return sniff_format(first[2] or b"") if first else "bytes"
 
 
-def _lineage(config: ImageBuildConfig, source: ImageSource) -> list[dict[str, Any]]:
-    if not source.extensions:  # parquet: a handful of files, list them
-        return [f.lineage() for f in source.files]
-    # A folder can hold millions of files: record a digest of the listing, not the listing.
-    listing = hashlib.sha256()
-    for f in source.files:
-        listing.update(f"{f.path}\0{f.size}\0{f.mtime_ns}\n".encode())
+class _GreedyShards:
+    """Packs encoded samples, in order, into shards of at most ``shard_size`` bytes."""
+
+    def __init__(
+        self,
+        sink: ShardSink,
+        *,
+        journal: BuildJournal,
+        columns: dict[str, str],
+        config: ImageBuildConfig,
+        done: list[ShardInfo],
+        skipped: list[tuple[int, BadInput]],
+        progress: BuildProgress,
+    ) -> None:
+        self.shards = done
+        self.skipped = skipped
+        self._sink, self._journal, self._columns = sink, journal, columns
+        self._config, self._progress = config, progress
+        template = shard_config(
+            columns,
+            compression=config.compression,
+            hashes=config.hashes,
+            size_limit=config.shard_size,
+        )
+        # Shard file = count + offsets (4 bytes per sample, plus one) + config JSON + samples.
+        self._header = 8 + len(json.dumps(template.config(), sort_keys=True))
+        self._pending: list[bytes] = []
+        self._bytes = self._header
+
+    def add(self, number: int, sample: bytes) -> None:
+        """Append item ``number``'s sample, first closing the shard if it would overflow."""
+        if self._pending and self._bytes + len(sample) + 4 > self._config.shard_size:
+            self.close_shard(number)
+        self._pending.append(sample)
+        self._bytes += len(sample) + 4
+
+    def close_shard(self, next_item: int, *, final: bool = False) -> None:
+        """Write the pending samples as the next shard; ``next_item`` is where a resume starts."""
+        if not self._pending:
+            return
+        position = len(self.shards)
+        info = write_shard(
+            self._sink.staging,
+            shard_basename(position),
+            self._columns,
+            self._pending,
+            compression=self._config.compression,
+            hashes=self._config.hashes,
+            size_limit=self._config.shard_size,
+        )
+        self.shards.append(info)
+        bad = [{"item": n, **asdict(b)} for n, b in self.skipped if n < next_item]
+        state = {"next_item": next_item, "final": final, "skipped": bad}
+        self._sink.stored(info, lambda: self._journal.record(position, info, state))
+        self._progress.shard_written(info.samples, info.raw_data.bytes)
+        self._pending, self._bytes = [], self._header
+
+
+def _tasks(
+    config: ImageBuildConfig, source: ImageSource, columns: dict[str, str], next_item: int
+) -> list[_Task]:
+    """Work items for the chunks from item ``next_item`` on."""
     return [
-        {
-            "path": str(config.inputs[0]),
-            "files": len(source.files),
-            "size": sum(f.size for f in source.files),
-            "listing_sha256": listing.hexdigest(),
-        }
+        _Task(
+            chunk,
+            max(0, next_item - chunk.first),
+            tuple(columns.items()),
+            config.resize,
+            config.jpeg_quality,
+            config.verify_images,
+        )
+        for chunk in source.chunks
+        if chunk.first + chunk.count > next_item
     ]
 
 
@@ -110,7 +171,7 @@ def build_images(config: ImageBuildConfig) -> BuildResult:
     started = time.perf_counter()
     source = plan_images(config.inputs, config.image_field, config.label_field)
     columns = {"image": _image_encoding(config, source), "label": "int"}
-    lineage = _lineage(config, source)
+    lineage = source.lineage
     fp = fingerprint(
         {
             "builder": BUILDER_VERSION,
@@ -119,10 +180,6 @@ def build_images(config: ImageBuildConfig) -> BuildResult:
             "columns": columns,
         }
     )
-    template = shard_config(
-        columns, compression=config.compression, hashes=config.hashes, size_limit=config.shard_size
-    )
-    header = 8 + len(json.dumps(template.config(), sort_keys=True))
     sink = ShardSink(config.output)
     try:
         if config.overwrite:
@@ -131,68 +188,42 @@ def build_images(config: ImageBuildConfig) -> BuildResult:
             return done_result
         journal = BuildJournal(sink, fp)
         finished = journal.start()
-        shards: list[ShardInfo] = [d.info for d in finished]
         resume = finished[-1].resume if finished else {}
-        next_item = int(resume.get("next_item", 0))
         skipped = [
             (int(b["item"]), BadInput(b["source"], b["reason"])) for b in resume.get("skipped", [])
         ]
-        pending: list[bytes] = []
-        pending_bytes = header
         progress = BuildProgress(
             sum(c.nbytes for c in source.chunks), desc="build images", enabled=config.progress
         )
-
-        def write(end_item: int, final: bool = False) -> None:
-            position = len(shards)
-            info = write_shard(
-                sink.staging,
-                shard_basename(position),
-                columns,
-                pending,
-                compression=config.compression,
-                hashes=config.hashes,
-                size_limit=config.shard_size,
-            )
-            shards.append(info)
-            bad = [{"item": n, **asdict(b)} for n, b in skipped if n < end_item]
-            state = {"next_item": end_item, "final": final, "skipped": bad}
-            sink.stored(info, lambda: journal.record(position, info, state))
-            progress.shard_written(info.samples, info.raw_data.bytes)
-
+        packer = _GreedyShards(
+            sink,
+            journal=journal,
+            columns=columns,
+            config=config,
+            done=[d.info for d in finished],
+            skipped=skipped,
+            progress=progress,
+        )
         with progress:
             if not resume.get("final"):
-                tasks = []
-                for chunk in source.chunks:
-                    if chunk.first + chunk.count <= next_item:
-                        progress.advance(chunk.nbytes)
-                        continue
-                    skip = max(0, next_item - chunk.first)
-                    tasks.append(
-                        _Task(
-                            chunk, skip, tuple(columns.items()), config.resize, config.jpeg_quality
-                        )
-                    )
-                for task, processed in zip(
-                    tasks, ordered_map(_process_chunk, tasks, workers=config.workers), strict=True
-                ):
+                tasks = _tasks(config, source, columns, int(resume.get("next_item", 0)))
+                progress.advance(
+                    sum(c.nbytes for c in source.chunks) - sum(t.chunk.nbytes for t in tasks)
+                )
+                results = ordered_map(_process_chunk, tasks, workers=config.workers)
+                for task, processed in zip(tasks, results, strict=True):
                     if processed.bad and config.on_bad_image == "fail":
                         raise _bad_images_error([b for _, b in processed.bad])
                     skipped.extend(processed.bad)
                     for number, sample in zip(processed.numbers, processed.samples, strict=True):
-                        if pending and pending_bytes + len(sample) + 4 > config.shard_size:
-                            write(number)
-                            pending, pending_bytes = [], header
-                        pending.append(sample)
-                        pending_bytes += len(sample) + 4
+                        packer.add(number, sample)
                     progress.advance(task.chunk.nbytes)
-                if not shards and not pending:
+                packer.close_shard(source.chunks[-1].first + source.chunks[-1].count, final=True)
+                if not packer.shards:
                     raise InputError(
                         f"no decodable images in {', '.join(config.inputs)} "
                         f"({len(skipped)} left out as undecodable)"
                     )
-                if pending:
-                    write(source.chunks[-1].first + source.chunks[-1].count, final=True)
             sink.flush()
         metadata: dict[str, Any] = {
             "kind": "images",
@@ -203,7 +234,7 @@ def build_images(config: ImageBuildConfig) -> BuildResult:
             "config": content_options(config),
             "lineage": lineage,
         }
-        index = finish_build(sink, shards, metadata)
+        index = finish_build(sink, packer.shards, metadata)
         journal.clear()
     except InputError:
         sink.discard_partial()  # fixing the input changes it: nothing here can be reused

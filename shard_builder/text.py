@@ -64,8 +64,7 @@ def _tokenize_chunk(task: _Task) -> _Tokens:
     documents = 0
     for docs in read_docs(task.chunk, task.field):
         if docs:
-            # Narrow here: half the bytes to send back to the main process.
-            parts.append(tokenizer.encode_docs(docs).astype(task.dtype))
+            parts.append(tokenizer.encode_docs(docs).astype(task.dtype, copy=False))
             documents += len(docs)
     tokens = np.concatenate(parts) if parts else np.empty(0, task.dtype)
     return _Tokens(tokens, documents)

@@ -11,7 +11,6 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
-from itertools import chain
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,7 +23,8 @@ from shardstream.errors import ConfigError
 _EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[EOS]", "<|eos|>")
 BYTE_EOS_ID = 256
 
-TokenArray = npt.NDArray[np.uint32]
+TokenArray = npt.NDArray[np.unsignedinteger[Any]]
+_U16 = np.dtype(np.uint16)
 
 
 class DocTokenizer(Protocol):
@@ -37,7 +37,7 @@ class DocTokenizer(Protocol):
     def eos_id(self) -> int: ...
 
     def encode_docs(self, docs: Sequence[str]) -> TokenArray:
-        """All documents' token ids, each followed by the EOS id, as one array."""
+        """All documents' ids, each followed by EOS, as one array of :func:`token_dtype`."""
         ...
 
     def describe(self) -> dict[str, Any]:
@@ -45,9 +45,22 @@ class DocTokenizer(Protocol):
         ...
 
 
-def _join_with_eos(flat: TokenArray, lengths: Sequence[int], eos_id: int) -> TokenArray:
-    ends = np.cumsum(np.asarray(lengths, dtype=np.int64))
-    return np.insert(flat, ends, np.uint32(eos_id))
+def _join_with_eos(
+    pieces: Sequence[Any], lengths: Sequence[int], eos_id: int, dtype: np.dtype[Any]
+) -> TokenArray:
+    """One array: each piece (a sequence of ids) followed by ``eos_id``.
+
+    A slice assignment per document: faster than ``np.insert`` (which builds a mask over
+    every token) for all but tiny documents.
+    """
+    out = np.empty(sum(lengths) + len(lengths), dtype=dtype)
+    pos = 0
+    for piece, length in zip(pieces, lengths, strict=True):
+        out[pos : pos + length] = piece
+        pos += length
+        out[pos] = eos_id
+        pos += 1
+    return out
 
 
 class ByteTokenizer:
@@ -58,9 +71,8 @@ class ByteTokenizer:
 
     def encode_docs(self, docs: Sequence[str]) -> TokenArray:
         """UTF-8 bytes of each document followed by 256."""
-        encoded = [d.encode("utf-8") for d in docs]
-        flat = np.frombuffer(b"".join(encoded), dtype=np.uint8).astype(np.uint32)
-        return _join_with_eos(flat, [len(b) for b in encoded], self.eos_id)
+        encoded = [np.frombuffer(d.encode("utf-8"), dtype=np.uint8) for d in docs]
+        return _join_with_eos(encoded, [len(b) for b in encoded], self.eos_id, _U16)
 
     def describe(self) -> dict[str, Any]:
         """``{"kind": "bytes", ...}``."""
@@ -108,9 +120,7 @@ class HFTokenizer:
         """Batch-encode (no special tokens) and join with EOS."""
         encodings = self._tok.encode_batch_fast(list(docs), add_special_tokens=False)
         ids = [e.ids for e in encodings]
-        lengths = [len(i) for i in ids]
-        flat = np.fromiter(chain.from_iterable(ids), dtype=np.uint32, count=sum(lengths))
-        return _join_with_eos(flat, lengths, self._eos)
+        return _join_with_eos(ids, [len(i) for i in ids], self._eos, token_dtype(self._vocab))
 
     def describe(self) -> dict[str, Any]:
         """Kind, file path and sha256, vocabulary size and EOS."""
