@@ -62,18 +62,21 @@ class BuildResult:
 
     def summary(self) -> str:
         """One line for the CLI."""
-        secs = self.timings.get("total_s", 0.0) or 1e-9
         mb = self.raw_bytes / (1 << 20)
         text = (
-            f"{self.samples:,} samples in {len(self.shards)} shards ({mb:,.1f} MB) -> "
-            f"{self.output} in {secs:.1f}s ({self.samples / secs:,.0f} samples/s, "
-            f"{mb / secs:,.1f} MB/s)"
+            f"{self.samples:,} samples in {len(self.shards)} shards ({mb:,.1f} MB) -> {self.output}"
         )
+        secs = self.timings.get("total_s")
+        if secs is None:  # found finished in the output: nothing was built
+            text += " (already built: nothing to do)"
+        else:
+            secs = max(secs, 1e-9)
+            text += f" in {secs:.1f}s ({self.samples / secs:,.0f} samples/s, {mb / secs:,.1f} MB/s)"
         if self.kind == "text":
             text += f"; {self.tokens:,} tokens, {self.dropped_tokens} dropped at the end"
         if self.skipped:
             text += f"; {len(self.skipped)} bad inputs skipped"
-        if self.reused_shards:
+        if self.reused_shards and secs is not None:
             text += f"; {self.reused_shards} shards reused from an earlier run"
         return text
 

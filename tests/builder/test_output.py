@@ -20,6 +20,7 @@ from tests.builder.conftest import (
     write_jsonl,
 )
 from tests.fixtures.s3 import S3Bucket
+from tests.fixtures.server import LiveServer
 
 
 def test_text_build_to_s3(tmp_path: Path, s3_bucket: S3Bucket, tokenizer_file: Path) -> None:
@@ -115,3 +116,32 @@ def test_cli_text_and_images(
     rc = main(["build", "text", str(tmp_path / "d.jsonl"), "-o", "x", "--shard-size", "1MB"])
     assert rc == 1
     assert "outside the accepted range 64-256 MB" in capsys.readouterr().err
+
+
+def test_cli_build_publishes_to_the_server(
+    tmp_path: Path, live_server: LiveServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from shardstream.api_client import APIClient
+
+    write_jsonl(tmp_path / "d.jsonl", make_docs(300, seed=9))
+    server = ["--server", live_server.url, "--token", live_server.token, "--dataset", "wiki"]
+    small = ["--seq-len", "16", "--shard-size", "4KB", "--allow-small-shards", "--no-progress"]
+    # No --output: the shards go to the storage root the server gives the new version.
+    assert main(["build", "text", str(tmp_path / "d.jsonl"), *small, *server]) == 0
+    assert "published wiki version 1" in capsys.readouterr().err
+    with APIClient(live_server.url, live_server.token) as api:
+        version = api.get_version("wiki", 1)
+        assert version.status == "published"
+        root = Path(version.storage_root.removeprefix("file://"))
+        index = load_index(root / "index.json")
+        assert [s.key for s in api.iter_shards("wiki", 1)] == [
+            s.raw_data.basename for s in index.shards
+        ]
+        assert version.total_samples == index.num_samples > 0
+
+        # A build that fails leaves an aborted draft, never a published version.
+        (tmp_path / "bad.jsonl").write_text("{not json\n")
+        assert main(["build", "text", str(tmp_path / "bad.jsonl"), *small, *server]) == 1
+        assert "bad.jsonl:1: invalid JSON" in capsys.readouterr().err
+        assert api.get_version("wiki", 2).status == "aborted"
+        assert api.latest_version("wiki").number == 1

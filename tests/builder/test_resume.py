@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from shardstream.shard_builder import ImageBuildConfig, TextBuildConfig, build_images, build_text
+from shardstream.storage import open_store
 from tests.builder.conftest import dir_bytes, jpeg_bytes, make_docs, read_with_ours, write_jsonl
+from tests.fixtures.s3 import S3Bucket
 
 
 def _kill_when(proc: subprocess.Popen[bytes], done_dir: Path, shards: int) -> int:
@@ -107,3 +109,54 @@ def test_image_build_killed_and_rerun_matches_a_clean_build(tmp_path: Path) -> N
     assert dir_bytes(out) == dir_bytes(tmp_path / "ref")
     labels = [s["label"] for s in read_with_ours(out)]
     assert labels == sorted(labels) and len(labels) == 600 == reference.samples
+
+
+@pytest.mark.slow
+def test_s3_build_killed_and_rerun_matches_a_clean_build(
+    tmp_path: Path, s3_bucket: S3Bucket
+) -> None:
+    docs = make_docs(8000, seed=23, max_words=120)
+    write_jsonl(tmp_path / "d.jsonl", docs)
+    url = f"{s3_bucket.url}/corpus"
+    args = _cli(
+        "text", str(tmp_path / "d.jsonl"), "--output", url, "--seq-len", "64",
+        "--shard-size", "32KB", "--allow-small-shards", "--chunk-bytes", "64KB",
+        "--workers", "2",
+    )  # fmt: skip
+    client = s3_bucket.client()
+
+    def journaled() -> int:
+        page = client.list_objects_v2(
+            Bucket=s3_bucket.name, Prefix="corpus/.shardstream-build/done/"
+        )
+        return int(page.get("KeyCount", 0))
+
+    # The subprocess inherits the AWS_* settings that point at the moto server.
+    proc = subprocess.Popen(args, start_new_session=True, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while journaled() < 10:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        assert time.monotonic() < deadline, "no progress"
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    store = open_store(url)
+    assert store.size("index.json") is None
+
+    rerun = subprocess.run(args, check=False, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "reused" in rerun.stderr
+    build_text(
+        TextBuildConfig(
+            output=str(tmp_path / "ref"),
+            inputs=(str(tmp_path / "d.jsonl"),),
+            seq_len=64,
+            shard_size=32768,
+            allow_small_shards=True,
+            workers=1,
+            progress=False,
+        )
+    )
+    reference = dir_bytes(tmp_path / "ref")
+    stored = {key: store.read_bytes(key) for key, _ in store.list()}
+    assert stored == reference  # journal gone, every shard identical, nothing extra
