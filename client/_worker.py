@@ -1,15 +1,19 @@
-"""The fast loader's worker process: builds batches into its ring, announces slot indices.
+"""The fast loader's worker process: builds chunks of batches into its ring's slots.
 
 Protocol (one pipe each way, per worker; all messages are small tuples):
 
 * main -> worker: ``("start", gen, epoch, first_batch, step)`` (abandon whatever runs,
   start a pass), ``("free", gen, slot)`` (the main process is done with a slot of pass
   ``gen``), ``("stop",)``.
-* worker -> main: ``("batch", gen, b, slot, refs, rest, names)``, ``("end", gen)``,
-  ``("error", gen, message)``. ``refs`` locate tensors in the slot; ``rest`` holds any
-  value that did not fit (pickled).
+* worker -> main: ``("chunk", gen, slot, items)`` with one ``(b, refs, rest, names)`` per
+  batch of the chunk, ``("end", gen)``, ``("error", gen, message)``. ``refs`` locate
+  tensors in the slot as ``(offset, dtype, shape)``; ``rest`` holds values that did not
+  fit (pickled); ``names`` is the batch's key order.
 
-``gen`` numbers passes, so the main process drops messages of an abandoned pass.
+``gen`` numbers passes, so the main process drops messages of an abandoned pass. The
+worker reads its command pipe only when it needs a free slot: a new ``start`` is noticed
+at the latest when the ring runs full (the main process never frees an abandoned pass's
+slots), so a running pass costs no system call per batch for polling.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any
 
 import torch
 
-from shardstream.client.ring import ArrayRef, BatchRing, SlotAllocator
+from shardstream.client.ring import BatchRing, SlotAllocator
 from shardstream.client.stream import BatchStream
 
 __all__ = ["worker_main"]
@@ -35,13 +39,15 @@ class _AbandonedError(Exception):
         self.command = command
 
 
-def worker_main(stream: BatchStream, ring: BatchRing, recv: Connection, send: Connection) -> None:
+def worker_main(
+    stream: BatchStream, ring: BatchRing, chunk: int, recv: Connection, send: Connection
+) -> None:
     """Serve passes until told to stop (or the main process goes away)."""
     torch.set_num_threads(1)  # the workers copy memory; the trainer owns the cores
     try:
         command: tuple[Any, ...] = recv.recv()
         while command[0] == "start":
-            command = _serve(stream, ring, recv, send, command)
+            command = _serve(stream, ring, chunk, (recv, send), command)
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         pass
     finally:
@@ -49,42 +55,50 @@ def worker_main(stream: BatchStream, ring: BatchRing, recv: Connection, send: Co
 
 
 def _serve(
-    stream: BatchStream, ring: BatchRing, recv: Connection, send: Connection, start: tuple[Any, ...]
+    stream: BatchStream,
+    ring: BatchRing,
+    chunk: int,
+    pipes: tuple[Connection, Connection],
+    start: tuple[Any, ...],
 ) -> tuple[Any, ...]:
     """Run one pass; return the next command that is not a ``free``."""
+    recv, send = pipes
     _, gen, epoch, first, step = start
     free = list(range(ring.slots))
     alloc = SlotAllocator(ring)
 
     def take_slot() -> int:
-        while not free or recv.poll():
+        while not free:
             cmd = recv.recv()
-            if cmd[0] == "free":
-                if cmd[1] == gen:  # a late return from an abandoned pass is not ours
-                    free.append(cmd[2])
-            else:
+            if cmd[0] != "free":
                 raise _AbandonedError(cmd)
-        slot = free.pop(0)
+            if cmd[1] == gen:  # a late return from an abandoned pass is not ours
+                free.append(cmd[2])
+        slot = free.pop()
         alloc.reset(slot)
         return slot
 
-    batches: Iterator[tuple[int, dict[str, Any]]] = stream.batches(epoch, first, step, alloc=alloc)
+    chunks: Iterator[list[tuple[int, dict[str, Any]]]] = stream.chunks(
+        epoch, first, step, alloc=alloc, max_chunk=chunk
+    )
     try:
         while True:
             slot = take_slot()
-            item = next(batches, None)
-            if item is None:
+            built = next(chunks, None)
+            if built is None:
                 break
-            b, batch = item
-            refs: dict[str, ArrayRef] = {}
-            rest: dict[str, Any] = {}
-            for name, value in batch.items():
-                ref = ring.locate(value, slot) if isinstance(value, torch.Tensor) else None
-                if ref is None:
-                    rest[name] = value
-                else:
-                    refs[name] = ref
-            send.send(("batch", gen, b, slot, refs, rest, list(batch)))
+            items = []
+            for b, batch in built:
+                refs: dict[str, tuple[int, str, tuple[int, ...]]] = {}
+                rest: dict[str, Any] = {}
+                for name, value in batch.items():
+                    ref = ring.locate(value, slot) if isinstance(value, torch.Tensor) else None
+                    if ref is None:
+                        rest[name] = value
+                    else:
+                        refs[name] = ref
+                items.append((b, refs, rest, list(batch)))
+            send.send(("chunk", gen, slot, items))
         send.send(("end", gen))
     except _AbandonedError as abandon:
         return abandon.command
@@ -92,7 +106,7 @@ def _serve(
         detail = "".join(traceback.format_exception(exc))
         send.send(("error", gen, f"{type(exc).__name__}: {exc}\n{detail}"))
     finally:
-        close = getattr(batches, "close", None)
+        close = getattr(chunks, "close", None)
         if close is not None:
             close()
     while True:  # wait for the next pass, dropping slot returns of this one

@@ -11,7 +11,7 @@ with Pillow and stacked when they share a shape.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -72,7 +72,7 @@ class ColumnSpec:
 
 
 class BatchBuilder:
-    """Gathers the samples ``(shard, index)`` of one batch into column arrays."""
+    """Gathers the samples ``(shard, index)`` of a chunk of batches into column arrays."""
 
     def __init__(self, spec: ColumnSpec) -> None:
         self._spec = spec
@@ -85,42 +85,55 @@ class BatchBuilder:
         *,
         sample_ids: np.ndarray[Any, Any] | None = None,
         alloc: Allocator = numpy_allocator,
-    ) -> dict[str, Any]:
-        """The batch of samples ``indices[i]`` of shard ``shards[i]``, in that order."""
-        n = len(shards)
-        order = np.argsort(shards, kind="stable")
-        sorted_shards = shards[order]
-        cuts = np.flatnonzero(np.diff(sorted_shards)) + 1
-        starts = np.concatenate([[0], cuts]).tolist()
-        ends = [*cuts.tolist(), n]
-        out: dict[str, Any] = {}
-        variable: dict[str, list[Any]] = {name: [None] * n for name in self._spec.variable}
+    ) -> list[dict[str, Any]]:
+        """Batches of samples ``indices[k, i]`` of shard ``shards[k, i]`` (``k``: batch).
+
+        The whole ``(K, n)`` chunk is gathered at once: one ``gather`` per shard run of the
+        chunk and column, so numpy's per-call overhead is paid per chunk, not per batch.
+        Returns ``K`` dicts whose fixed-size arrays are views of one ``(K, n, ...)`` block.
+        """
+        k, n = shards.shape
+        flat_shards = shards.reshape(-1)
+        flat_indices = indices.reshape(-1)
+        total = k * n
+        order = np.argsort(flat_shards, kind="stable")
+        sorted_shards = flat_shards[order]
+        cuts = np.flatnonzero(sorted_shards[1:] != sorted_shards[:-1]) + 1
+        starts = [0, *cuts.tolist()]
+        ends = [*cuts.tolist(), total]
+        blocks: dict[str, np.ndarray[Any, Any]] = {}
+        variable: dict[str, list[Any]] = {name: [None] * total for name in self._spec.variable}
         for start, end in zip(starts, ends, strict=True):
             positions = order[start:end]
-            local = indices[positions]
+            local = flat_indices[positions]
             shard = int(sorted_shards[start])
             rd = reader(shard)
-            whole = end - start == n and bool(np.all(np.diff(positions) == 1))
             for name in self._spec.fixed:
                 values = rd.gather(name, local)
-                if name not in out:
-                    out[name] = alloc(name, (n, *values.shape[1:]), values.dtype)
-                # One run covering the batch in order needs no scatter, just one copy.
-                if whole:
-                    out[name][...] = values
-                else:
-                    out[name][positions] = values
+                block = blocks.get(name)
+                if block is None:
+                    block = alloc(name, (k, n, *values.shape[1:]), values.dtype)
+                    blocks[name] = block
+                block.reshape(total, *values.shape[1:])[positions] = values
             for name in self._spec.variable:
                 column = variable[name]
                 for pos, idx in zip(positions.tolist(), local.tolist(), strict=True):
                     column[pos] = self._decode(name, rd[idx][name], shard, idx)
-        for name in self._spec.variable:
-            out[name] = stack_or_list(variable[name])
         if sample_ids is not None:
-            ids = alloc(SAMPLE_ID, (n,), np.dtype(np.int64))
+            ids = alloc(SAMPLE_ID, (k, n), np.dtype(np.int64))
             ids[...] = sample_ids
-            out[SAMPLE_ID] = ids
-        return {name: out[name] for name in (*self._spec.names, *_extra(out))}
+            blocks[SAMPLE_ID] = ids
+        names = (*self._spec.names, *([SAMPLE_ID] if sample_ids is not None else []))
+        batches: list[dict[str, Any]] = []
+        for row in range(k):
+            batch: dict[str, Any] = {}
+            for name in names:
+                if name in blocks:
+                    batch[name] = blocks[name][row]
+                else:
+                    batch[name] = stack_or_list(variable[name][row * n : (row + 1) * n])
+            batches.append(batch)
+        return batches
 
     def _decode(self, name: str, value: Any, shard: int, idx: int) -> Any:
         encoding = self._spec.encodings[name]
@@ -131,7 +144,3 @@ class BatchBuilder:
         ):
             return decode_image(bytes(value), what=f"shard {shard} sample {idx} column {name!r}")
         return value
-
-
-def _extra(out: Mapping[str, Any]) -> list[str]:
-    return [SAMPLE_ID] if SAMPLE_ID in out else []

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+from collections import deque
 from collections.abc import Iterator, Mapping
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -31,11 +32,10 @@ from shardstream.client._worker import worker_main
 from shardstream.client.dataset import StreamingDataset
 from shardstream.client.ring import BatchRing
 from shardstream.client.state import ReaderState
+from shardstream.client.stream import MAX_CHUNK
 from shardstream.errors import ConfigError, ShardstreamError
 
 __all__ = ["ShardstreamLoader", "WorkerError"]
-
-_POLL_S = 1.0
 
 
 class WorkerError(ShardstreamError):
@@ -47,6 +47,8 @@ class _Worker:
         self, proc: BaseProcess, ring: BatchRing, cmd: Connection, data: Connection
     ) -> None:
         self.proc, self.ring, self.cmd, self.data = proc, ring, cmd, data
+        # (b, slot, refs, rest, names, last of its slot) received but not yet handed out
+        self.pending: deque[tuple[int, int, Any, dict[str, Any], list[str], bool]] = deque()
 
 
 class ShardstreamLoader:
@@ -155,23 +157,35 @@ class ShardstreamLoader:
         self._gen += 1
         gen, n = self._gen, self.num_workers
         for w, worker in enumerate(self._workers):
+            worker.pending.clear()
             worker.cmd.send(("start", gen, epoch, start + w, n))
         total = self.dataset.stream.num_batches(epoch)
         for b in range(start, total):
             worker = self._workers[(b - start) % n]
-            batch = self._receive(worker, gen, b)
+            if not worker.pending:
+                self._receive(worker, gen, b)
+            got, slot, refs, rest, names, last = worker.pending.popleft()
+            if got != b:
+                raise WorkerError(f"loader worker sent batch {got} where batch {b} was due")
+            ring = worker.ring
+            out = {name: ring.tensor(slot, ref, copy=self.copy) for name, ref in refs.items()}
+            out.update(rest)
+            if last:  # the chunk's slot is done once its last batch is handed out
+                if self.copy:
+                    worker.cmd.send(("free", gen, slot))
+                else:
+                    self._held = (worker, gen, slot)
             if self._gen != gen:
                 return  # a newer pass took over the workers
             self._consumed = b + 1
-            yield batch
+            yield {name: out[name] for name in names}  # the columns' order as built
             self._release_held()
 
-    def _receive(self, worker: _Worker, gen: int, b: int) -> dict[str, Any]:
+    def _receive(self, worker: _Worker, gen: int, b: int) -> None:
+        """Block until ``worker`` sends its next chunk of pass ``gen``; queue its batches."""
         while True:
             try:
-                while not worker.data.poll(_POLL_S):
-                    if not worker.proc.is_alive():
-                        raise EOFError
+                # Blocking: a worker that dies closes its end of the pipe, which ends recv.
                 msg = worker.data.recv()
             except (EOFError, OSError):
                 worker.proc.join(timeout=5)
@@ -185,19 +199,12 @@ class ShardstreamLoader:
                 continue
             if msg[0] == "error":
                 raise WorkerError(f"loader worker failed on batch {b}: {msg[2]}")
-            if msg[0] == "end" or msg[2] != b:
-                raise WorkerError(f"loader worker sent {msg[0]} {msg[2:3]} where batch {b} was due")
-            _, _, _, slot, refs, rest, names = msg
-            out: dict[str, Any] = {}
-            for name, ref in refs.items():
-                tensor = worker.ring.tensor(slot, ref)
-                out[name] = tensor.clone() if self.copy else tensor
-            out.update(rest)
-            if self.copy:
-                worker.cmd.send(("free", gen, slot))
-            else:
-                self._held = (worker, gen, slot)
-            return {name: out[name] for name in names}  # the columns' order as built
+            if msg[0] == "end":
+                raise WorkerError(f"loader worker ended its pass where batch {b} was due")
+            _, _, slot, items = msg
+            for i, (got, refs, rest, names) in enumerate(items):
+                worker.pending.append((got, slot, refs, rest, names, i == len(items) - 1))
+            return
 
     def _release_held(self) -> None:
         if self._held is not None:
@@ -211,14 +218,14 @@ class ShardstreamLoader:
             return
         self.close()
         ctx = mp.get_context("fork")  # the rings are inherited mappings: fork is required
-        slot_bytes = _slot_bytes(self.dataset)
+        slot_bytes = MAX_CHUNK * _slot_bytes(self.dataset)
         for w in range(self.num_workers):
             ring = BatchRing(self.prefetch, slot_bytes)
             cmd_recv, cmd_send = ctx.Pipe(duplex=False)
             data_recv, data_send = ctx.Pipe(duplex=False)
             proc = ctx.Process(
                 target=worker_main,
-                args=(self.dataset.stream, ring, cmd_recv, data_send),
+                args=(self.dataset.stream, ring, MAX_CHUNK, cmd_recv, data_send),
                 name=f"shardstream-loader-{w}",
                 daemon=True,
             )

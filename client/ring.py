@@ -12,7 +12,6 @@ SIGKILLed process could leak. The kernel frees it when the last process mapping 
 from __future__ import annotations
 
 import mmap
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,13 +26,16 @@ def _aligned(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
-@dataclass(frozen=True)
-class ArrayRef:
-    """Where one batch column lies in a slot: byte offset, torch dtype name, shape."""
+ArrayRef = tuple[int, str, tuple[int, ...]]
+"""Where one batch column lies in a slot: (byte offset, torch dtype name, shape)."""
 
-    offset: int
-    dtype: str
-    shape: tuple[int, ...]
+_NUMPY_OF = {
+    name: np.dtype(name)
+    for name in (
+        *("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64"),
+        *("float16", "float32", "float64", "bool"),
+    )
+}
 
 
 class BatchRing:
@@ -59,17 +61,28 @@ class BatchRing:
         end = start + tensor.numel() * tensor.element_size()
         if start < 0 or end > self.slot_bytes:
             return None
-        return ArrayRef(start, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
+        return start, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape)
 
-    def tensor(self, slot: int, ref: ArrayRef) -> torch.Tensor:
-        """A tensor viewing ``ref`` in ``slot`` (shares memory with the ring)."""
-        dtype = getattr(torch, ref.dtype)
-        count = int(np.prod(ref.shape, dtype=np.int64))
-        offset = slot * self.slot_bytes + ref.offset
-        if count == 0:
-            return torch.empty(ref.shape, dtype=dtype)
-        flat = torch.frombuffer(self._mem, dtype=dtype, count=count, offset=offset)
-        return flat.view(ref.shape)
+    def tensor(self, slot: int, ref: ArrayRef, *, copy: bool) -> torch.Tensor:
+        """A tensor of ``ref`` in ``slot``: a view of the ring, or (``copy``) its own copy.
+
+        The copy is a plain single-threaded memcpy through numpy: torch's ``clone`` may
+        fan a 128 KiB copy out to its intra-op thread pool, which costs milliseconds when
+        the trainer keeps the cores busy.
+        """
+        offset, dtype_name, shape = ref
+        offset += slot * self.slot_bytes
+        np_dtype = _NUMPY_OF.get(dtype_name)
+        if np_dtype is not None:  # the common case: one numpy view (and copy), one tensor
+            count = 1
+            for dim in shape:
+                count *= dim
+            view = self._base[offset : offset + count * np_dtype.itemsize].view(np_dtype)
+            return torch.from_numpy(view.copy() if copy else view).view(shape)
+        dtype = getattr(torch, dtype_name)  # bfloat16 and friends: reinterpret bytes
+        count = int(np.prod(shape, dtype=np.int64))
+        raw = self._base[offset : offset + count * torch.empty((), dtype=dtype).element_size()]
+        return torch.from_numpy(raw.copy() if copy else raw).view(dtype).view(shape)
 
 
 class SlotAllocator:

@@ -29,6 +29,10 @@ from shardstream.errors import ConfigError, PlanError, ResumeError
 
 __all__ = ["BatchStream", "BatchTransform", "default_partitions"]
 
+MAX_CHUNK = 8
+"""Batches built per chunk at most (the plan is evaluated for 8 chunks at a time)."""
+
+
 BatchTransform = Callable[[dict[str, Any]], dict[str, Any]]
 """A user function applied to every whole batch (column -> tensor) in the worker."""
 
@@ -158,13 +162,28 @@ class BatchStream:
         return self._fetcher
 
     def batches(
-        self, epoch: int, start: int, step: int = 1, *, alloc: Allocator = numpy_allocator
+        self, epoch: int, start: int, step: int = 1
     ) -> Iterator[tuple[int, dict[str, Any]]]:
         """``(b, batch)`` for batches ``start, start + step, ...`` of ``epoch``.
 
         A batch maps column names to tensors of shape ``(batch_size, ...)`` (lists for
-        variable-size values), after the user transform. ``alloc`` places the arrays.
+        variable-size values), after the user transform.
         """
+        for chunk in self.chunks(epoch, start, step):
+            yield from chunk
+
+    def chunks(
+        self,
+        epoch: int,
+        start: int,
+        step: int = 1,
+        *,
+        alloc: Allocator = numpy_allocator,
+        max_chunk: int = MAX_CHUNK,
+    ) -> Iterator[list[tuple[int, dict[str, Any]]]]:
+        """The same batches, built a chunk at a time (1, 2, 4, ... up to ``max_chunk``
+        batches): one gather per shard run per chunk. ``alloc`` places each chunk's arrays;
+        a chunk's batches are views of them."""
         plan = self.plan(epoch)
         rank, world = self.topology.rank, self.topology.world_size
         fetcher = self.fetcher()
@@ -175,27 +194,31 @@ class BatchStream:
         ahead = self.cache_options.prefetch_shards
         cursor = -1
         fetcher.prefetch(order[: ahead + 1])
-        for b in range(start, plan.num_batches, step):
-            ids = np.asarray(plan.rank_batch(b, rank, world), dtype=np.int64)
-            shards, local = plan.locate(ids)
-            shards = np.asarray(shards, dtype=np.int64)
-            needed = np.unique(shards)
-            fetcher.prefetch(needed)  # parallel downloads for a batch spanning cold shards
-            batch = self._builder.build(
+        for bs, ids, shards, local in _planned(
+            plan, rank, world, start, step=step, max_chunk=max_chunk
+        ):
+            needed = np.unique(shards).tolist()
+            fetcher.prefetch(needed)  # parallel downloads for a chunk spanning cold shards
+            built = self._builder.build(
                 shards,
-                np.asarray(local, dtype=np.int64),
+                local,
                 fetcher.reader,
                 sample_ids=ids if self.spec.options.sample_ids else None,
                 alloc=alloc,
             )
-            cursor = max([cursor, *(where.get(int(s), -1) for s in needed)])
-            if ahead:
-                fetcher.prefetch(order[cursor + 1 : cursor + 1 + ahead])
-            fetcher.release_unused(set(needed.tolist()))
-            out = to_torch(batch)  # shares memory: no copy
-            if self.transform is not None:
-                out = self.transform(out)
-            yield b, out
+            furthest = max(where.get(s, -1) for s in needed)
+            if furthest > cursor:
+                cursor = furthest
+                if ahead:
+                    fetcher.prefetch(order[cursor + 1 : cursor + 1 + ahead])
+            fetcher.release_unused(set(needed))
+            out = []
+            for b, batch in zip(bs, built, strict=True):
+                tensors = to_torch(batch)  # shares memory: no copy
+                if self.transform is not None:
+                    tensors = self.transform(tensors)
+                out.append((b, tensors))
+            yield out
 
     def __getstate__(self) -> dict[str, Any]:
         # Threads, leases and mappings belong to the process that made them.
@@ -208,3 +231,32 @@ class BatchStream:
         if self._fetcher is not None and self._fetcher_pid == os.getpid():
             self._fetcher.close()
         self._fetcher = None
+
+
+def _planned(
+    plan: EpochPlan, rank: int, world: int, start: int, *, step: int, max_chunk: int
+) -> Iterator[tuple[list[int], np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
+    """``(batch numbers, ids, shard, index in shard)`` of chunks of batches ``start, start +
+    step, ...``, each array shaped ``(len(chunk), rank batch size)``.
+
+    The plan is evaluated for many batches per numpy call (its per-call overhead dwarfs the
+    arithmetic of one batch). Chunks start at one batch, so the first batch is not delayed,
+    and double up to ``max_chunk``.
+    """
+    todo = range(start, plan.num_batches, step)
+    pos, chunk = 0, 1
+    while pos < len(todo):
+        size = 1 if pos == 0 else 8 * max_chunk  # first batch fast, then amortized
+        sel = np.asarray(todo[pos : pos + size], dtype=np.int64)
+        ids = np.asarray(plan.rank_batches(sel, rank, world), dtype=np.int64)
+        shard, local = plan.locate(ids.reshape(-1))
+        shard = np.asarray(shard, dtype=np.int64).reshape(ids.shape)
+        local = np.asarray(local, dtype=np.int64).reshape(ids.shape)
+        at = 0
+        while at < len(sel):
+            take = min(chunk, len(sel) - at)
+            part = slice(at, at + take)
+            yield sel[part].tolist(), ids[part], shard[part], local[part]
+            at += take
+            chunk = min(chunk * 2, max_chunk)
+        pos += len(sel)
