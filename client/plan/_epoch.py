@@ -10,9 +10,9 @@ Layout of one epoch (``docs/plan.md`` has the reasoning):
    ``pad`` wraps around to the first ones.
 3. **Partitions.** Partition ``p`` owns the contiguous items ``[p S, (p+1) S)`` with
    ``S = num_batches * B / P``; that contiguity is what makes the plan local.
-4. **Mixing.** Partition positions ``t`` are cut into blocks of ``window``; inside a block a
-   seeded bijection (per seed, epoch, partition, block) maps positions to items, so every
-   batch draws from all shards of its window.
+4. **Mixing.** Positions ``t`` of a partition map to its items through two staggered grids
+   of seeded block bijections with blocks of ``window / 2`` (:mod:`._mixing`): every batch
+   draws from all shards of a ``window``-sized span, and half a window turns over at a time.
 5. **Batches.** Global batch ``b`` = for each partition, positions ``b q .. b q + q - 1``
    (``q = B / P``). Rank ``r`` of ``W`` takes whole partitions (``W | P``) or an equal slot
    range of one (``P | W``): a rank's batch is a slice of the global batch for every ``W``.
@@ -26,8 +26,9 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from shardstream.client.plan._bijection import derive_key, keys_for, permute
+from shardstream.client.plan._bijection import derive_key, permute
 from shardstream.client.plan._config import PlanConfig, SourceSpec
+from shardstream.client.plan._mixing import mix_positions
 from shardstream.client.plan._mixture import SpanTable, build_spans, source_totals
 from shardstream.client.plan._schedule import PlanView, rank_schedule
 from shardstream.client.plan._state import PlanState
@@ -41,6 +42,7 @@ applied to a plan whose order was computed differently. Bump on any change of ou
 
 _TAG_SPANS = 11
 _TAG_BLOCKS = 12
+_TAG_STAGGER = 13
 _DEFAULT_WINDOW_SHARDS = 8
 
 
@@ -92,7 +94,10 @@ class EpochPlan:
         mean_span = -(-self.num_samples // len(spans))
         window = config.window or _DEFAULT_WINDOW_SHARDS * mean_span
         self.window = int(min(window, self.partition_size))
+        # Two staggered grids of half-window blocks: see _mixing.
+        self.block = max(1, -(-self.window // 2))
         self._block_key = derive_key(config.seed, self.epoch, _TAG_BLOCKS)
+        self._stagger_key = derive_key(config.seed, self.epoch, _TAG_STAGGER)
 
     # ---- sizes -------------------------------------------------------------------------
     @property
@@ -155,18 +160,14 @@ class EpochPlan:
         """Global sample ids at positions ``t`` of partitions ``part`` (vectorized)."""
         cfg = self.config
         if cfg.shuffle:
-            w = self.window
-            block = t // w
-            begin = block * w
-            uniform = t.size and np.all(block == block[0]) and np.all(part == part[0])
-            if uniform:
-                # The common case: one rank's batch inside one window of one partition.
-                b0, p0 = int(block[0]), int(part[0])
-                length0 = min(w, self.partition_size - b0 * w)
-                key0 = keys_for(self._block_key, p0, b0)
-                return self._locals(begin + permute(t - begin, length0, key0[0]), part)
-            length = np.minimum(w, self.partition_size - begin)
-            x = begin + permute(t - begin, length, keys_for(self._block_key, part, block))
+            x = mix_positions(
+                t,
+                part,
+                self.block,
+                size=self.partition_size,
+                key_a=self._block_key,
+                key_b=self._stagger_key,
+            )
         else:
             x = t
         return self._locals(x, part)
@@ -279,7 +280,7 @@ class EpochPlan:
             num_batches=self.num_batches,
             partition_size=self.partition_size,
             partition_batch_size=self.config.partition_batch_size,
-            window=self.window if self.config.shuffle else 1,
+            block=self.block if self.config.shuffle else 1,
         )
 
     def rank_shards(self, rank: int, world_size: int, start_batch: int = 0) -> I64:

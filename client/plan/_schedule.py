@@ -1,8 +1,8 @@
 """Which shards a rank reads, when: the plan's prefetch and eviction schedule.
 
 Works on the span layout only (O(spans) time and memory): a rank's partitions are
-contiguous item ranges, so its shards are the spans those ranges touch, and the window
-holding a span's items bounds the batches that read it.
+contiguous item ranges, so its shards are the spans those ranges touch, and the mixing
+blocks holding a span's items bound the batches that read it.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
+
+from shardstream.client.plan._mixing import plain_blocks, shifted_blocks
 
 I64 = NDArray[np.int64]
 
@@ -25,7 +27,7 @@ class PlanView:
     num_batches: int
     partition_size: int
     partition_batch_size: int
-    window: int
+    block: int
 
 
 def spans_between(view: PlanView, a: int, b: int) -> tuple[I64, I64, I64]:
@@ -60,14 +62,24 @@ def rank_schedule(view: PlanView, parts: I64, lo: int, start_batch: int) -> tupl
     empty = np.zeros(0, dtype=np.int64)
     if start_batch >= view.num_batches:
         return empty, empty, empty
-    q, s, w = view.partition_batch_size, view.partition_size, view.window
+    q, s, v = view.partition_batch_size, view.partition_size, view.block
     firsts, lasts, shards = [], [], []
     for p in parts.tolist():
-        x0 = (start_batch * q + lo) // w * w
+        # Items reachable from the resume position: from the plain block holding the start
+        # of the shifted block that holds the first position still to be read.
+        t0 = np.array([start_batch * q + lo], dtype=np.int64)
+        x0 = int(plain_blocks(shifted_blocks(t0, v, s)[1], v, s)[1][0]) if v > 1 else int(t0[0])
         spans, starts, ends = spans_between(view, p * s + x0, (p + 1) * s)
         xs, xe = starts - p * s, ends - p * s
-        firsts.append(np.maximum(xs // w * w // q, start_batch))
-        lasts.append(np.minimum(((xe - 1) // w + 1) * w - 1, s - 1) // q)
+        if v > 1:
+            # Items in plain blocks i..j sit (before stage A) at positions of those blocks,
+            # which stage B draws from the shifted blocks holding them.
+            first_pos = shifted_blocks(plain_blocks(xs, v, s)[1], v, s)[1]
+            last_pos = shifted_blocks(plain_blocks(xe - 1, v, s)[2] - 1, v, s)[2] - 1
+        else:
+            first_pos, last_pos = xs, xe - 1
+        firsts.append(np.maximum(first_pos // q, start_batch))
+        lasts.append(last_pos // q)
         shards.append(view.span_shard[spans])
     first_all, last_all = np.concatenate(firsts), np.concatenate(lasts)
     shard_all = np.concatenate(shards)
