@@ -37,13 +37,11 @@ def shifted_blocks(u: I64, v: int, size: int) -> tuple[I64, I64, I64]:
     """(index, start, end) of the ``v/2``-shifted block holding each position ``u``.
 
     Blocks are ``[k v - v/2, (k+1) v - v/2)``; the half block at the start is merged into
-    block 1, and a tail block shorter than ``v`` into the one before it.
+    block 1 and the piece starting inside the last plain block into the one before it, so
+    every shifted block overlaps exactly two plain blocks (one when there is only one).
     """
     half = v // 2
-    last = (size - 1 + half) // v
-    if size - (last * v - half) < v:
-        last -= 1
-    last = max(last, 1)
+    last = max((size - 1) // v, 1)
     k = np.clip((u + half) // v, 1, last)
     start = np.where(k == 1, 0, k * v - half)
     end = np.where(k == last, size, (k + 1) * v - half)

@@ -250,3 +250,20 @@ def test_rank_schedule_brackets_every_read(case: Case, data: st.DataObject) -> N
         for s in set(row.tolist()):
             i = where[s]
             assert first[i] <= b <= last[i], (s, b, first[i], last[i])
+
+
+@given(st.integers(1, 60), st.integers(1, 700), st.integers(0, 2**64 - 1))
+@SETTINGS
+def test_staggered_blocks_keep_items_within_two_plain_blocks(v: int, size: int, key: int) -> None:
+    """The mixing stages form a bijection, and the item at any position comes from one of
+    the (at most two) plain blocks its shifted block overlaps: one window of items."""
+    from shardstream.client.plan._mixing import mix_positions, plain_blocks, shifted_blocks
+
+    t = np.arange(size, dtype=np.int64)
+    part = np.zeros(size, dtype=np.int64)
+    x = mix_positions(t, part, v, size=size, key_a=key, key_b=key ^ 1)
+    assert sorted(x.tolist()) == list(range(size))
+    _, start, end = shifted_blocks(t, v, size)
+    first_plain, last_plain = start // v, (end - 1) // v
+    assert np.all(last_plain - first_plain <= 1)
+    assert np.all((plain_blocks(x, v, size)[0] >= first_plain) & (x // v <= last_plain))
