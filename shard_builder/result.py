@@ -13,6 +13,7 @@ from typing import Any
 
 from shardstream.errors import ConfigError, ObjectNotFoundError
 from shardstream.mds import MDSIndex, ShardInfo, load_index
+from shardstream.shard_builder.journal import BuildJournal
 from shardstream.shard_builder.sink import INDEX_KEY, METADATA_KEY, ShardSink
 
 METADATA_FORMAT = 1
@@ -109,6 +110,8 @@ def existing_result(sink: ShardSink, fingerprint: str) -> BuildResult | None:
             f"{sink.url} already holds a finished dataset made from other inputs or options; "
             "choose another output, or pass --overwrite to replace it"
         )
+    # A run killed between writing index.json and deleting its journal left the journal.
+    BuildJournal(sink, fingerprint).clear()
     return result_from_metadata(sink.url, load_index(index_bytes), metadata, reused=True)
 
 
