@@ -16,9 +16,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+import torch
 import torch.utils.data
 
-from shardstream.client.batch import ColumnSpec
+from shardstream.client.batch import ColumnSpec, numpy_allocator
 from shardstream.client.distributed import Topology, current_worker
 from shardstream.client.options import (
     CacheOptions,
@@ -35,6 +37,22 @@ from shardstream.errors import ConfigError, ResumeError
 __all__ = ["StreamingDataset"]
 
 SourceLike = str | Source
+
+
+def shared_allocator(
+    name: str, shape: tuple[int, ...], dtype: np.dtype[Any]
+) -> np.ndarray[Any, Any]:
+    """Arrays in torch shared memory, for DataLoader workers.
+
+    A chunk's batches are views of one block; sending a view of private memory would make
+    torch copy the whole block into shared memory for every batch. A block that already
+    lives in shared memory is sent as a handle, with no copy at all.
+    """
+    like = torch.from_numpy(np.empty(0, dtype)).dtype
+    block = torch.empty(shape, dtype=like)
+    block.share_memory_()  # type: ignore[no-untyped-call]
+    out: np.ndarray[Any, Any] = block.numpy()
+    return out
 
 
 class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
@@ -130,7 +148,8 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         self._epoch, self._slot = epoch, (w, n) if n > 1 else None
         self._next = start
         try:
-            for b, batch in self.stream.batches(epoch, start, n):
+            alloc = shared_allocator if worker.in_worker else numpy_allocator
+            for b, batch in self.stream.batches(epoch, start, n, alloc=alloc):
                 # Advance before yielding: a state taken while the consumer holds this
                 # batch must count it (torchdata snapshots right after the yield).
                 self._next = b + n

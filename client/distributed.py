@@ -73,6 +73,7 @@ class WorkerSlot:
 
     worker_id: int = 0
     num_workers: int = 1
+    in_worker: bool = False
 
 
 def current_worker() -> WorkerSlot:
@@ -80,7 +81,7 @@ def current_worker() -> WorkerSlot:
     info = torch.utils.data.get_worker_info()
     if info is None:
         return WorkerSlot()
-    return WorkerSlot(info.id, info.num_workers)
+    return WorkerSlot(info.id, info.num_workers, in_worker=True)
 
 
 def _env_int(env: Mapping[str, str], name: str) -> int | None:

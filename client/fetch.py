@@ -85,6 +85,9 @@ class ShardFetcher:
         for shard in (int(s) for s in shards):
             if shard in self._open or shard in self._pending:
                 continue
+            key, _, _, _ = self._fetch_args(shard)
+            if self._cache.contains(key):
+                continue  # warm: no thread, no lock; the lease pins it when needed
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(
                     self._options.download_threads, thread_name_prefix="shardstream-fetch"

@@ -162,14 +162,14 @@ class BatchStream:
         return self._fetcher
 
     def batches(
-        self, epoch: int, start: int, step: int = 1
+        self, epoch: int, start: int, step: int = 1, *, alloc: Allocator = numpy_allocator
     ) -> Iterator[tuple[int, dict[str, Any]]]:
         """``(b, batch)`` for batches ``start, start + step, ...`` of ``epoch``.
 
         A batch maps column names to tensors of shape ``(batch_size, ...)`` (lists for
         variable-size values), after the user transform.
         """
-        for chunk in self.chunks(epoch, start, step):
+        for chunk in self.chunks(epoch, start, step, alloc=alloc):
             yield from chunk
 
     def chunks(
