@@ -93,12 +93,11 @@ class _GreedyShards:
         config: ImageBuildConfig,
         done: list[ShardInfo],
         skipped: list[tuple[int, BadInput]],
-        progress: BuildProgress,
     ) -> None:
         self.shards = done
         self.skipped = skipped
         self._sink, self._journal, self._columns = sink, journal, columns
-        self._config, self._progress = config, progress
+        self._config = config
         template = shard_config(
             columns,
             compression=config.compression,
@@ -135,7 +134,6 @@ class _GreedyShards:
         bad = [{"item": n, **asdict(b)} for n, b in self.skipped if n < next_item]
         state = {"next_item": next_item, "final": final, "skipped": bad}
         self._sink.stored(info, lambda: self._journal.record(position, info, state))
-        self._progress.shard_written(info.samples, info.raw_data.bytes)
         self._pending, self._bytes = [], self._header
 
 
@@ -202,12 +200,11 @@ def build_images(config: ImageBuildConfig) -> BuildResult:
             config=config,
             done=[d.info for d in finished],
             skipped=skipped,
-            progress=progress,
         )
         with progress:
             if not resume.get("final"):
                 tasks = _tasks(config, source, columns, int(resume.get("next_item", 0)))
-                progress.advance(
+                progress.skip(
                     sum(c.nbytes for c in source.chunks) - sum(t.chunk.nbytes for t in tasks)
                 )
                 results = ordered_map(_process_chunk, tasks, workers=config.workers)
@@ -217,7 +214,8 @@ def build_images(config: ImageBuildConfig) -> BuildResult:
                     skipped.extend(processed.bad)
                     for number, sample in zip(processed.numbers, processed.samples, strict=True):
                         packer.add(number, sample)
-                    progress.advance(task.chunk.nbytes)
+                    made = sum(map(len, processed.samples))
+                    progress.advance(task.chunk.nbytes, len(processed.samples), made)
                 packer.close_shard(source.chunks[-1].first + source.chunks[-1].count, final=True)
                 if not packer.shards:
                     raise InputError(

@@ -1,4 +1,4 @@
-"""The build's progress bar: input read, with samples/s and MB/s of shards written."""
+"""The build's progress bar: input read, with samples/s and MB/s of samples produced."""
 
 from __future__ import annotations
 
@@ -30,19 +30,18 @@ class BuildProgress:
             dynamic_ncols=True,
         )
 
-    def advance(self, input_bytes: int) -> None:
-        """Input worth ``input_bytes`` has been read and tokenized/decoded."""
+    def skip(self, input_bytes: int) -> None:
+        """Input already handled by an interrupted run (moves the bar, not the rates)."""
         self._bar.update(input_bytes)
 
-    def shard_written(self, samples: int, nbytes: int) -> None:
-        """A shard of ``samples`` samples and ``nbytes`` bytes is done."""
+    def advance(self, input_bytes: int, samples: int, out_bytes: int) -> None:
+        """Input worth ``input_bytes`` became ``samples`` samples of ``out_bytes`` bytes."""
         self.samples += samples
-        self.out_bytes += nbytes
+        self.out_bytes += out_bytes
         elapsed = max(time.perf_counter() - self._start, 1e-9)
-        self._bar.set_postfix_str(
-            f"{self.samples / elapsed:,.0f} samples/s, {self.out_bytes / _MB / elapsed:,.1f} MB/s",
-            refresh=False,
-        )
+        rate, mbps = self.samples / elapsed, self.out_bytes / _MB / elapsed
+        self._bar.set_postfix_str(f"{rate:,.0f} samples/s, {mbps:,.1f} MB/s out", refresh=False)
+        self._bar.update(input_bytes)
 
     @property
     def elapsed(self) -> float:

@@ -131,10 +131,9 @@ def build_text(config: TextBuildConfig) -> BuildResult:
             )
             shards.append(info)
             sink.stored(info, lambda: journal.record(position, info, info_resume))
-            progress.shard_written(info.samples, info.raw_data.bytes)
 
         with progress:
-            progress.advance(sum(c.nbytes for c in chunks[: start.chunk]))
+            progress.skip(sum(c.nbytes for c in chunks[: start.chunk]))
             if resume.get("final"):
                 dropped, tokens, documents = resume["dropped"], start.tokens_before, resume["docs"]
             else:
@@ -143,11 +142,15 @@ def build_text(config: TextBuildConfig) -> BuildResult:
                     _Task(chunk, config.field, spec, dtype.name) for chunk in chunks[start.chunk :]
                 )
                 results = ordered_map(_tokenize_chunk, tasks, workers=config.workers)
+                reported, sample_bytes = 0, config.seq_len * dtype.itemsize
                 for number, chunk_tokens in enumerate(results, start=start.chunk):
                     for block, pos in packer.add(number, chunk_tokens.tokens):
                         write(block, {"stream": pos.to_dict(), "documents_before_chunk": documents})
                     documents += chunk_tokens.documents
-                    progress.advance(chunks[number].nbytes)
+                    # Whole sequences so far: the rate users care about, before a shard ends.
+                    sequences = (packer.tokens_seen - start.tokens_before) // config.seq_len
+                    new, reported = sequences - reported, sequences
+                    progress.advance(chunks[number].nbytes, new, new * sample_bytes)
                 last, dropped = packer.finish()
                 tokens = packer.tokens_seen
                 if not shards and not len(last):
