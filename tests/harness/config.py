@@ -44,10 +44,16 @@ class DataSettings:
     num_partitions: int
     seed: int = 0
     shuffle: bool = True
+    window: int | None = None  # PlanOptions.window: mixing window, samples per partition
     server: str | None = None  # base URL; the token comes from SHARDSTREAM_TOKEN
     run_id: str | None = None
     cache_dir: str | None = None
     cache_limit_bytes: int | None = None
+    open_shards: int | None = None  # CacheOptions.open_shards (None: its default)
+    prefetch_shards: int | None = None  # CacheOptions.prefetch_shards (None: its default)
+    # A .npy of every sample's tokens by global id: each batch is checked against it
+    # (datasets without the harness's own ``id`` column, e.g. one from the text builder).
+    expected_tokens: str | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,7 @@ class TrainerConfig:
     num_workers: int = 2
     checkpoint_every: int = 8
     commit: bool = False  # also loader.commit(step) at every checkpoint (needs run_id)
+    commit_all_ranks: bool = False  # every rank commits (same state), not only rank 0
     loader: LoaderKind = "shardstream"
     step_sleep_s: float = 0.0  # a stand-in for compute, so a kill lands mid-epoch
     collective_timeout_s: float = 60.0

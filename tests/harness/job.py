@@ -22,7 +22,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -62,7 +62,11 @@ def live_group_members(pgid: int) -> list[int]:
 
 
 class Job:
-    """One launch of the harness trainer on ``world_size`` ranks (see module docstring)."""
+    """One launch of the harness trainer on ``world_size`` ranks (see module docstring).
+
+    The ranks inherit this process's environment plus ``env``, minus ``unset_env`` (e.g.
+    the AWS credentials, to prove that ranks read through presigned URLs only).
+    """
 
     def __init__(
         self,
@@ -70,6 +74,7 @@ class Job:
         world_size: int,
         *,
         env: Mapping[str, str] | None = None,
+        unset_env: Sequence[str] = (),
     ) -> None:
         self.cfg = cfg
         self.world_size = world_size
@@ -77,8 +82,9 @@ class Job:
         self.attempt_dir.mkdir(parents=True, exist_ok=True)
         config_path = self.attempt_dir / "config.json"
         cfg.write(config_path)
+        inherited = {k: v for k, v in os.environ.items() if k not in set(unset_env)}
         base_env = {
-            **os.environ,
+            **inherited,
             **(env or {}),
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(free_port()),

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
@@ -54,21 +55,24 @@ def build_loader(cfg: TrainerConfig, rank: int, world_size: int) -> ResumableLoa
     return _build_shardstream_loader(cfg, rank, world_size)
 
 
-def batch_ids(batch: Any) -> IdArray:
+def batch_ids(batch: Any, expected: npt.NDArray[Any] | None = None) -> IdArray:
     """The global sample ids of one batch, in batch order, after checking the batch.
 
-    A shardstream batch must carry the ``id`` column, the client's own ``sample_id`` (its
-    global id by the plan) equal to it, and the ``tokens`` that sample ``id`` was written
-    with: so a sample that decoded wrong or came from the wrong place fails the step.
+    Ids come from the harness's ``id`` column when the dataset has one, else from the
+    client's ``sample_id`` (its global id by the plan); both must agree when both exist.
+    The ``tokens`` must be the ones that sample was written with: from the ``id`` formula
+    (:func:`expected_tokens`) or, given ``expected``, that table's rows. So a sample that
+    decoded wrong or came from the wrong place fails the step.
     """
     if not isinstance(batch, Mapping):
         raise TypeError(f"a batch must map column names to tensors, got {type(batch).__name__}")
-    ids = _as_int64(batch[ID_COLUMN])
+    ids = _as_int64(batch[ID_COLUMN] if ID_COLUMN in batch else batch["sample_id"])
     if "sample_id" in batch and not np.array_equal(_as_int64(batch["sample_id"]), ids):
         raise AssertionError(f"sample_id {batch['sample_id']} != id column {ids}")
     if "tokens" in batch:
         tokens = np.asarray(batch["tokens"])
-        if not np.array_equal(tokens, expected_tokens(ids)):
+        want = expected[ids] if expected is not None else expected_tokens(ids)
+        if not np.array_equal(tokens, want):
             raise AssertionError(f"tokens of samples {ids.tolist()} decoded wrong")
     return ids
 
@@ -89,10 +93,20 @@ def _build_shardstream_loader(cfg: TrainerConfig, rank: int, world_size: int) ->
     dataset = StreamingDataset(
         data.source,
         batch_size=data.global_batch_size // world_size,
-        plan=PlanOptions(shuffle=data.shuffle, seed=data.seed, num_partitions=data.num_partitions),
+        plan=PlanOptions(
+            shuffle=data.shuffle,
+            seed=data.seed,
+            num_partitions=data.num_partitions,
+            window=data.window,
+        ),
         cache=CacheOptions(
             dir=None if data.cache_dir is None else Path(data.cache_dir),
             limit_bytes=data.cache_limit_bytes,
+            **{
+                name: value
+                for name in ("open_shards", "prefetch_shards")
+                if (value := getattr(data, name)) is not None
+            },
         ),
         decode=DecodeOptions(sample_ids=True),
         server=None if data.server is None else ServerOptions(url=data.server, run=data.run_id),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,9 +33,10 @@ def run_epoch(
     world_size: int,
     timeout: float = 90.0,
     env: Mapping[str, str] | None = None,
+    unset_env: Sequence[str] = (),
 ) -> AttemptLog:
     """Run the job to the end of the epoch; return every rank's log."""
-    with Job(cfg, world_size, env=env) as job:
+    with Job(cfg, world_size, env=env, unset_env=unset_env) as job:
         job.wait(timeout)
     return AttemptLog.read(Path(cfg.attempt_dir), world_size)
 
@@ -46,10 +47,11 @@ def run_and_kill(
     kill_at_step: int,
     timeout: float = 90.0,
     env: Mapping[str, str] | None = None,
+    unset_env: Sequence[str] = (),
 ) -> Killed:
     """Run until every rank has logged ``kill_at_step``, then SIGKILL the whole job."""
     start = time.monotonic()
-    with Job(cfg, world_size, env=env) as job:
+    with Job(cfg, world_size, env=env, unset_env=unset_env) as job:
         job.wait_for_step(kill_at_step, timeout)
         job.kill()
     attempt_dir = Path(cfg.attempt_dir)

@@ -10,7 +10,9 @@ runs one epoch. Every step it
    block there, and the collective timeout turns that hang into a failure;
 2. appends the batch's sample ids to the rank's log (see :mod:`tests.harness.records`);
 3. every ``checkpoint_every`` steps saves ``loader.state_dict()`` to its per-rank checkpoint
-   file (atomically) and, with ``commit``, calls ``loader.commit(step)``.
+   file (atomically) and, with ``commit``, once every rank has saved, calls
+   ``loader.commit(step)`` on rank 0 (every rank with ``commit_all_ranks``), so the
+   server's newest step is never ahead of the newest checkpoint all ranks completed.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -35,7 +38,7 @@ from tests.harness.records import (
     save_checkpoint,
 )
 
-_STEP, _END = 0, 1  # tags of the per-step collective
+_STEP, _END, _SAVED = 0, 1, 2  # tags of the collectives
 
 
 def _sync(tag: int, step: int, size: int, world_size: int) -> None:
@@ -70,11 +73,12 @@ def run(cfg: TrainerConfig, rank: int, world_size: int) -> None:
             raise RuntimeError(f"resumed into epoch {position['epoch']}, expected epoch 0")
         step = int(position["batch"])
 
+    table = None if cfg.data.expected_tokens is None else np.load(cfg.data.expected_tokens)
     log = StepLogWriter(log_path(attempt, rank))
     try:
         for batch in loader:
             step += 1
-            ids = batch_ids(batch)
+            ids = batch_ids(batch, table)
             _sync(_STEP, step, len(ids), world_size)
             log.append(step, ids)
             if cfg.step_sleep_s:
@@ -85,7 +89,12 @@ def run(cfg: TrainerConfig, rank: int, world_size: int) -> None:
                     checkpoint_path(attempt, step, rank), {**state, "loader": loader.state_dict()}
                 )
                 if cfg.commit:
-                    loader.commit(step)
+                    # Like a trainer, publish a checkpoint only once every rank has
+                    # written its part; then rank 0 commits (or every rank, the same
+                    # state: re-committing a step with the same state is a no-op).
+                    _sync(_SAVED, step, 0, world_size)
+                    if rank == 0 or cfg.commit_all_ranks:
+                        loader.commit(step)
         # The epoch's end is a collective too: a rank that ran out of batches early meets
         # the others' step collective here and fails instead of hanging.
         _sync(_END, step, 0, world_size)
