@@ -20,7 +20,6 @@ Layout of one epoch (``docs/plan.md`` has the reasoning):
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -31,8 +30,8 @@ from shardstream.client.plan._config import PlanConfig, SourceSpec
 from shardstream.client.plan._mixing import mix_positions
 from shardstream.client.plan._mixture import SpanTable, build_spans, source_totals
 from shardstream.client.plan._schedule import PlanView, rank_schedule
-from shardstream.client.plan._state import PlanState
-from shardstream.errors import PlanError, ResumeError
+from shardstream.client.plan._state import PlanState, plan_fingerprint
+from shardstream.errors import PlanError
 
 I64 = NDArray[np.int64]
 
@@ -44,6 +43,8 @@ _TAG_SPANS = 11
 _TAG_BLOCKS = 12
 _TAG_STAGGER = 13
 _DEFAULT_WINDOW_SHARDS = 8
+_CHUNK = 32  # batches computed together by rank_batch
+_RUNS_KEPT = 4
 
 
 class EpochPlan:
@@ -98,6 +99,7 @@ class EpochPlan:
         self.block = max(1, -(-self.window // 2))
         self._block_key = derive_key(config.seed, self.epoch, _TAG_BLOCKS)
         self._stagger_key = derive_key(config.seed, self.epoch, _TAG_STAGGER)
+        self._runs: dict[tuple[int, int, int], I64] = {}
 
     # ---- sizes -------------------------------------------------------------------------
     @property
@@ -121,11 +123,7 @@ class EpochPlan:
 
         A resume state made under one fingerprint is only valid for a plan with the same one.
         """
-        h = hashlib.sha256(f"{PLAN_ALGORITHM}:{self.config!r}".encode())
-        for s in self.sources:
-            h.update(repr((s.name, s.weight, s.repeat, s.count)).encode())
-            h.update(np.ascontiguousarray(s.shard_sizes, dtype="<i8").tobytes())
-        return h.hexdigest()[:32]
+        return plan_fingerprint(PLAN_ALGORITHM, self.config, self.sources)
 
     def state(self, batches: int) -> PlanState:
         """The resume state after ``batches`` global batches of this epoch."""
@@ -139,21 +137,7 @@ class EpochPlan:
         Raises :class:`ResumeError` when the state was made with other sources, versions or
         plan parameters, for another epoch, or past this epoch's end.
         """
-        if state.fingerprint != self.fingerprint:
-            raise ResumeError(
-                f"resume state was made with a different plan (fingerprint "
-                f"{state.fingerprint} != {self.fingerprint}): sources, versions, weights, "
-                f"seed, global_batch_size, num_partitions, shuffle, tail, window and "
-                f"epoch_size must all match the interrupted run"
-            )
-        if state.epoch != self.epoch:
-            raise ResumeError(f"resume state is for epoch {state.epoch}, plan is {self.epoch}")
-        if state.batches > self.num_batches:
-            raise ResumeError(
-                f"resume state is at batch {state.batches}, past the epoch's "
-                f"{self.num_batches} batches"
-            )
-        return state.batches
+        return state.start_batch(self.fingerprint, self.epoch, self.num_batches)
 
     # ---- the order -----------------------------------------------------------------------
     def _items(self, part: I64, t: I64) -> I64:
@@ -205,8 +189,24 @@ class EpochPlan:
             raise PlanError(f"batch {b} is outside 0 .. num_batches-1 = {self.num_batches - 1}")
 
     def rank_batch(self, b: int, rank: int, world_size: int) -> I64:
-        """Global sample ids of ``rank``'s part of global batch ``b`` (``B / world_size``)."""
-        out: I64 = self.rank_batches(np.array([b]), rank, world_size)[0]
+        """Global sample ids of ``rank``'s part of global batch ``b`` (``B / world_size``).
+
+        Computes the aligned run of ``_CHUNK`` batches around ``b`` in one vectorized call
+        and keeps the last few runs: numpy's per-call overhead dominates a single small
+        batch, and readers ask for nearby batches next.
+        """
+        self._check_batch(b)
+        key = (rank, world_size, b // _CHUNK)
+        run = self._runs.get(key)
+        if run is None:
+            first = key[2] * _CHUNK
+            run = self.rank_batches(
+                np.arange(first, min(first + _CHUNK, self.num_batches)), rank, world_size
+            )
+            if len(self._runs) >= _RUNS_KEPT:
+                self._runs.pop(next(iter(self._runs)))
+            self._runs[key] = run
+        out: I64 = run[b % _CHUNK].copy()
         return out
 
     def rank_batches(self, batches: ArrayLike, rank: int, world_size: int) -> I64:

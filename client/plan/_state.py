@@ -8,10 +8,25 @@ they read), so a state written by 64 ranks resumes on 16. ``samples`` is derived
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
+from shardstream.client.plan._config import PlanConfig, SourceSpec
 from shardstream.errors import ResumeError
+
+
+def plan_fingerprint(algorithm: int, config: PlanConfig, sources: Sequence[SourceSpec]) -> str:
+    """sha256 (first 32 hex digits) of the algorithm version, the config, and every
+    source's name/version, mixture setting and shard sizes."""
+    h = hashlib.sha256(f"{algorithm}:{config!r}".encode())
+    for s in sources:
+        h.update(repr((s.name, s.weight, s.repeat, s.count)).encode())
+        h.update(np.ascontiguousarray(s.shard_sizes, dtype="<i8").tobytes())
+    return h.hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -31,6 +46,23 @@ class PlanState:
     def samples(self) -> int:
         """Sample positions consumed in ``epoch`` (``batches * global_batch_size``)."""
         return self.batches * self.global_batch_size
+
+    def start_batch(self, fingerprint: str, epoch: int, num_batches: int) -> int:
+        """The batch to resume at in a plan with this ``fingerprint`` and ``epoch``."""
+        if self.fingerprint != fingerprint:
+            raise ResumeError(
+                f"resume state was made with a different plan (fingerprint "
+                f"{self.fingerprint} != {fingerprint}): sources, versions, weights, "
+                f"seed, global_batch_size, num_partitions, shuffle, tail, window and "
+                f"epoch_size must all match the interrupted run"
+            )
+        if self.epoch != epoch:
+            raise ResumeError(f"resume state is for epoch {self.epoch}, plan is {epoch}")
+        if self.batches > num_batches:
+            raise ResumeError(
+                f"resume state is at batch {self.batches}, past the epoch's {num_batches} batches"
+            )
+        return self.batches
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``state_dict`` payload)."""

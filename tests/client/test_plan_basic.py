@@ -69,3 +69,20 @@ def test_batch_larger_than_data() -> None:
     )
     assert padded.num_batches == 1
     assert sorted(set(padded.rank_batch(0, 0, 1).tolist())) == list(range(10))
+
+
+def test_rank_batch_matches_rank_batches_under_interleaved_calls() -> None:
+    cfg = PlanConfig(seed=8, global_batch_size=16, num_partitions=4, window=50)
+    plan = EpochPlan([SourceSpec(shard_sizes=np.arange(1, 60))], cfg, epoch=2)
+    rng = np.random.default_rng(1)
+    expected = {
+        (r, w): plan.rank_batches(np.arange(plan.num_batches), r, w)
+        for w in (1, 2, 4, 8, 16)
+        for r in range(w)
+    }
+    for _ in range(400):
+        w = int(rng.choice([1, 2, 4, 8, 16]))
+        r, b = int(rng.integers(w)), int(rng.integers(plan.num_batches))
+        got = plan.rank_batch(b, r, w)
+        got[:] = -1  # callers own the returned array: it must not alias the plan's cache
+        np.testing.assert_array_equal(plan.rank_batch(b, r, w), expected[(r, w)][b])
