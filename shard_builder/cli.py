@@ -32,7 +32,7 @@ def register(subparsers: Any) -> None:
     text.add_argument("--eos-token", help="EOS token of the tokenizer (default: guessed)")
     text.add_argument("--seq-len", type=int, default=2048, help="tokens per sample (2048)")
     # Input bytes per unit of parallel work: a tuning knob (tests use small ones).
-    text.add_argument("--chunk-bytes", default="8MB", help=argparse.SUPPRESS)
+    text.add_argument("--chunk-bytes", help=argparse.SUPPRESS)
     _add_output_options(text)
     text.set_defaults(handler=_run_text)
 
@@ -132,7 +132,7 @@ def _run_text(args: argparse.Namespace) -> int:
             tokenizer=Path(args.tokenizer) if args.tokenizer else None,
             eos_token=args.eos_token,
             seq_len=args.seq_len,
-            chunk_bytes=parse_size(args.chunk_bytes),
+            **({"chunk_bytes": parse_size(args.chunk_bytes)} if args.chunk_bytes else {}),
             **_output_options(args, output),
         )
         return build_text(config)

@@ -17,7 +17,7 @@ from shardstream.hashing import SUPPORTED_HASHES
 
 MB = 1 << 20
 DEFAULT_SHARD_SIZE = 128 * MB
-DEFAULT_CHUNK_BYTES = 8 * MB  # input bytes per unit of parallel work
+DEFAULT_CHUNK_BYTES = 2 * MB  # input bytes per unit of parallel work (small: balances the cores)
 MIN_SHARD_SIZE = 64 * MB
 MAX_SHARD_SIZE = 256 * MB
 # Below this a shard cannot hold its own header and a sample of any real size.

@@ -34,7 +34,7 @@ class TextChunk:
 
 
 def plan_chunks(
-    files: Sequence[InputFile], field: str, chunk_bytes: int = 8 << 20
+    files: Sequence[InputFile], field: str, chunk_bytes: int = 2 << 20
 ) -> list[TextChunk]:
     """Split every file into chunks of about ``chunk_bytes`` (JSONL) or one per row group."""
     chunks: list[TextChunk] = []
