@@ -138,3 +138,33 @@ def test_bad_arguments_and_states(tokens_dir: Path, tmp_path: Path) -> None:
     ds = dataset(tokens_dir, tmp_path, plan=PlanOptions(seed=3))
     with pytest.raises(ConfigError, match="run id"):
         ShardstreamLoader(ds).commit(1)
+
+
+def test_transform_outputs_and_images_travel_from_workers(tokens_dir: Path, tmp_path: Path) -> None:
+    """Values that are not in the ring (new tensors, lists, decoded images) arrive intact."""
+
+    def shift(batch: dict[str, object]) -> dict[str, object]:
+        tokens = batch["tokens"]
+        ids = batch["id"]
+        assert isinstance(tokens, torch.Tensor) and isinstance(ids, torch.Tensor)
+        return {"x": tokens[:, :-1].long(), "y": tokens[:, 1:].long(), "id": ids, "n": len(ids)}
+
+    with ShardstreamLoader(dataset(tokens_dir, tmp_path, transform=shift), num_workers=2) as loader:
+        for batch in loader:
+            assert batch["n"] == 4 and batch["x"].dtype == torch.int64
+            for i, x, y in zip(batch["id"].tolist(), batch["x"], batch["y"], strict=True):
+                assert x.tolist() == token_row(i)[:-1].tolist()
+                assert y.tolist() == token_row(i)[1:].tolist()
+
+    from tests.client.test_dataset_support import write_images
+
+    write_images(tmp_path / "img", 24)
+    images = StreamingDataset(str(tmp_path / "img"), 4, cache=CacheOptions(dir=tmp_path / "cache"))
+    with ShardstreamLoader(images, num_workers=2) as loader:
+        seen = []
+        for batch in loader:
+            assert batch["png"].shape == (4, 4, 6, 3)
+            for i, png in zip(batch["id"].tolist(), batch["png"], strict=True):
+                assert bool((png == i).all())
+            seen += ids_of(batch)
+    assert sorted(seen) == list(range(24))
