@@ -31,8 +31,9 @@ class Source:
     a folder means its ``index.json``). Set at most one of:
 
     * nothing: every sample once per epoch;
-    * ``weight``: a proportion; weighted sources share the epoch (``PlanOptions.epoch_size``,
-      default their own total) in proportion to their weights, repeating or subsampling;
+    * ``weight``: a proportion; weighted sources share what the other sources leave of
+      ``PlanOptions.epoch_size`` (default: their own total) in proportion to their
+      weights, repeating or subsampling;
     * ``repeat``: ``round(repeat x samples)`` per epoch (0.5 = half, 2 = twice);
     * ``samples``: exactly this many samples per epoch.
 
@@ -74,7 +75,8 @@ class PlanOptions:
     ``max(8, world size)`` that the world size divides or divides: elastic resume works for
     world sizes that divide ``P`` or that ``P`` divides. ``window`` is the plan's mixing
     window in samples per partition (``None``: the plan's default). ``epoch_size`` is the
-    number of samples weighted sources share per epoch (``None``: their total).
+    number of samples per epoch over all sources; the weighted ones share what the
+    ``repeat``/``samples`` sources leave (``None``: the weighted sources' own total).
     """
 
     shuffle: bool = True
