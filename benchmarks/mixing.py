@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 from numpy.typing import NDArray
@@ -109,13 +110,13 @@ def main() -> None:
     for budget in args.budgets:
         ours = measure(
             "shardstream",
-            lambda b=budget: shardstream_order(sizes, b, args.seed),
+            partial(shardstream_order, sizes, budget, args.seed),
             args.samples_per_shard,
             args.shards,
         )
         peer = measure(
             "py1e",
-            lambda b=budget: py1e_order(sizes, b, args.seed),
+            partial(py1e_order, sizes, budget, args.seed),
             args.samples_per_shard,
             args.shards,
         )
@@ -125,7 +126,7 @@ def main() -> None:
         while True:
             equal = measure(
                 "shardstream",
-                lambda b=equal_budget: shardstream_order(sizes, b, args.seed),
+                partial(shardstream_order, sizes, equal_budget, args.seed),
                 args.samples_per_shard,
                 args.shards,
             )

@@ -26,6 +26,7 @@ import tracemalloc
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 NODES, RANKS, WORKERS, PER_RANK = 512, 8, 8, 8
 
@@ -38,7 +39,7 @@ def _rss_kib(field: str) -> int:
     return 0
 
 
-def _sizes(samples: int, shards: int) -> np.ndarray:
+def _sizes(samples: int, shards: int) -> NDArray[np.int64]:
     rng = np.random.default_rng(0)
     mean = samples // shards
     sizes = rng.integers(mean // 2, mean * 3 // 2, size=shards).astype(np.int64)
