@@ -216,3 +216,26 @@ def test_cache_limit_smaller_than_dataset(tokens_dir: Path, tmp_path: Path) -> N
     assert sorted(ids) == list(range(N))
     cached = sum(p.stat().st_size for p in (tmp_path / "small").rglob("*.mds"))
     assert cached <= limit + 3 * 400
+
+
+def test_topology_from_environment_variables() -> None:
+    env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    assert Topology.discover(env) == Topology(3, 4, 1, 2)
+    assert Topology.discover({}) == Topology(0, 1)
+    with pytest.raises(ConfigError, match="RANK and WORLD_SIZE must be set together"):
+        Topology.discover({"RANK": "1"})
+    with pytest.raises(ConfigError, match="RANK='x' is not an integer"):
+        Topology.discover({"RANK": "x", "WORLD_SIZE": "2"})
+    with pytest.raises(ConfigError, match="rank must be in"):
+        Topology.discover({"RANK": "4", "WORLD_SIZE": "4"})
+
+
+def test_dataset_reads_rank_from_environment(
+    tokens_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    from_env = make(tokens_dir, tmp_path)
+    explicit = make(tokens_dir, tmp_path, topology=Topology(1, 2))
+    assert from_env.topology.rank == 1
+    assert [ids_of(b) for b in from_env] == [ids_of(b) for b in explicit]
