@@ -7,6 +7,7 @@ Both are frozen and validated on construction; a bad value or a bad combination 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -160,7 +161,8 @@ class SourceSpec:
             )
         for m in ("weight", "repeat"):
             v = getattr(self, m)
-            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            ok = isinstance(v, numbers.Real) and not isinstance(v, bool)
+            if v is not None and not (ok and math.isfinite(v) and v > 0):
                 raise PlanError(f"SourceSpec {label}: {m} must be a finite number > 0, got {v!r}")
         if self.count is not None and (
             isinstance(self.count, bool)

@@ -20,6 +20,7 @@ Layout of one epoch (``docs/plan.md`` has the reasoning):
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -204,7 +205,9 @@ class EpochPlan:
                 np.arange(first, min(first + _CHUNK, self.num_batches)), rank, world_size
             )
             if len(self._runs) >= _RUNS_KEPT:
-                self._runs.pop(next(iter(self._runs)))
+                # Threads may race here; losing a cache entry is harmless, raising is not.
+                with contextlib.suppress(StopIteration, RuntimeError):
+                    self._runs.pop(next(iter(self._runs)), None)
             self._runs[key] = run
         out: I64 = run[b % _CHUNK].copy()
         return out
