@@ -68,7 +68,11 @@ class TrainerConfig:
     commit_all_ranks: bool = False  # every rank commits (same state), not only rank 0
     loader: LoaderKind = "shardstream"
     step_sleep_s: float = 0.0  # a stand-in for compute, so a kill lands mid-epoch
-    collective_timeout_s: float = 60.0
+    # A backstop for kills: after logging this step every rank stalls until killed, so a
+    # parent slowed down by a loaded machine still kills mid-epoch (never set it for a
+    # run that must finish).
+    hold_after_step: int | None = None
+    collective_timeout_s: float = 120.0
     resume_state_dict: StateDictResume | None = None
     resume_server: ServerResume | None = None
     extra: dict[str, str] = field(default_factory=dict)

@@ -31,7 +31,7 @@ def attempt(cfg: TrainerConfig, name: str, **changes: object) -> TrainerConfig:
 def run_epoch(
     cfg: TrainerConfig,
     world_size: int,
-    timeout: float = 90.0,
+    timeout: float = 300.0,
     env: Mapping[str, str] | None = None,
     unset_env: Sequence[str] = (),
 ) -> AttemptLog:
@@ -45,11 +45,17 @@ def run_and_kill(
     cfg: TrainerConfig,
     world_size: int,
     kill_at_step: int,
-    timeout: float = 90.0,
+    timeout: float = 300.0,
     env: Mapping[str, str] | None = None,
     unset_env: Sequence[str] = (),
 ) -> Killed:
-    """Run until every rank has logged ``kill_at_step``, then SIGKILL the whole job."""
+    """Run until every rank has logged ``kill_at_step``, then SIGKILL the whole job.
+
+    Unless ``cfg`` sets its own, the ranks hold after step ``kill_at_step + 13`` (see
+    :attr:`TrainerConfig.hold_after_step`), so the kill always lands mid-epoch.
+    """
+    if cfg.hold_after_step is None:
+        cfg = dataclasses.replace(cfg, hold_after_step=kill_at_step + 13)
     start = time.monotonic()
     with Job(cfg, world_size, env=env, unset_env=unset_env) as job:
         job.wait_for_step(kill_at_step, timeout)

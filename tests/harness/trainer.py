@@ -83,6 +83,8 @@ def run(cfg: TrainerConfig, rank: int, world_size: int) -> None:
             log.append(step, ids)
             if cfg.step_sleep_s:
                 time.sleep(cfg.step_sleep_s)
+            while step == cfg.hold_after_step:
+                time.sleep(1.0)  # wait for the SIGKILL
             if step % cfg.checkpoint_every == 0:
                 state = {"step": step, "rank": rank, "world_size": world_size}
                 save_checkpoint(
