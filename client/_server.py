@@ -52,15 +52,23 @@ def resolve_named(source: Source, server: ServerOptions) -> ResolvedSource:
             f"dataset {name}@{version.number}: the server lists {len(keys)} shards but its "
             f"index.json {len(index.shards)}; the version is inconsistent, ask its owner"
         )
+    # Presigned URLs exist for object stores; a server keeping shards in a local folder
+    # (the laptop default) hands out that folder, which this node reads directly.
+    local_root = version.storage_root if _is_local(version.storage_root) else None
     return ResolvedSource(
         source,
         f"{name}@{version.number}",
         index,
         keys,
+        root=local_root,
         server=url,
         dataset=name,
         token=token,
     )
+
+
+def _is_local(root: str) -> bool:
+    return root.startswith("file://") or "://" not in root
 
 
 def presigning_store(server: str, dataset: str, version_id: str, token: str | None) -> ObjectStore:

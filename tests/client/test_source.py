@@ -121,3 +121,21 @@ def test_server_named_source_and_checkpoints(
     assert head and rest
     with pytest.raises(NotFoundError):
         StreamingDataset("tokens@9", 4, server=server, cache=cache)
+
+
+def test_server_named_source_in_a_local_folder(
+    live_server: LiveServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that keeps shards in a local folder (the laptop default) is read directly."""
+    write_tokens(tmp_path / "ds", N, size_limit=600)
+    monkeypatch.setenv("SHARDSTREAM_TOKEN", live_server.token)
+    with APIClient(live_server.url) as api:
+        register_index(api, str(tmp_path / "ds" / "index.json"), "local-tokens")
+    ds = StreamingDataset(
+        "local-tokens",
+        4,
+        server=ServerOptions(url=live_server.url),
+        cache=CacheOptions(dir=tmp_path / "cache"),
+    )
+    assert ds.stream.versions == ("local-tokens@1",)
+    assert sorted(read_all(ds)) == list(range(N))
