@@ -239,3 +239,25 @@ def test_dataset_reads_rank_from_environment(
     explicit = make(tokens_dir, tmp_path, topology=Topology(1, 2))
     assert from_env.topology.rank == 1
     assert [ids_of(b) for b in from_env] == [ids_of(b) for b in explicit]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stateful_dataloader_resumes_at_the_epoch_boundary(
+    tokens_dir: Path, tmp_path: Path, workers: int
+) -> None:
+    def run(ds: StreamingDataset, loader: StatefulDataLoader, epoch: int) -> list[list[int]]:
+        ds.set_epoch(epoch)
+        return [ids_of(b) for b in loader]
+
+    ds = make(tokens_dir, tmp_path)
+    loader = StatefulDataLoader(ds, batch_size=None, num_workers=workers)
+    reference = [run(ds, loader, 0), run(ds, loader, 1)]
+    assert reference[0] != reference[1]
+    ds = make(tokens_dir, tmp_path)
+    first = StatefulDataLoader(ds, batch_size=None, num_workers=workers)
+    assert run(ds, first, 0) == reference[0]
+    state = first.state_dict()
+    ds = make(tokens_dir, tmp_path)
+    second = StatefulDataLoader(ds, batch_size=None, num_workers=workers)
+    second.load_state_dict(state)
+    assert run(ds, second, 1) == reference[1]
