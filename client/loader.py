@@ -152,13 +152,10 @@ class ShardstreamLoader:
             yield batch
 
     def _iter_workers(self, epoch: int, start: int) -> Iterator[dict[str, Any]]:
-        self._ensure_workers()
         self._release_held()
         self._gen += 1
         gen, n = self._gen, self.num_workers
-        for w, worker in enumerate(self._workers):
-            worker.pending.clear()
-            worker.cmd.send(("start", gen, epoch, start + w, n))
+        self._start_pass(("start", gen, epoch, start, n))
         total = self.dataset.stream.num_batches(epoch)
         for b in range(start, total):
             worker = self._workers[(b - start) % n]
@@ -213,8 +210,17 @@ class ShardstreamLoader:
             if worker.proc.is_alive():
                 worker.cmd.send(("free", gen, slot))
 
-    def _ensure_workers(self) -> None:
+    def _start_pass(self, command: tuple[Any, ...]) -> None:
+        """Send worker ``w`` the pass starting at ``first + w``, forking workers if needed.
+
+        A freshly forked worker gets its command at once, so it builds the first batch
+        while the next worker is being forked (a fork of a torch process takes tens of ms).
+        """
+        name, gen, epoch, first, step = command
         if self._workers and all(w.proc.is_alive() for w in self._workers):
+            for w, worker in enumerate(self._workers):
+                worker.pending.clear()
+                worker.cmd.send((name, gen, epoch, first + w, step))
             return
         self.close()
         ctx = mp.get_context("fork")  # the rings are inherited mappings: fork is required
@@ -232,6 +238,7 @@ class ShardstreamLoader:
             proc.start()
             cmd_recv.close()
             data_send.close()
+            cmd_send.send((name, gen, epoch, first + w, step))
             self._workers.append(_Worker(proc, ring, cmd_send, data_recv))
 
     def close(self) -> None:
