@@ -58,6 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:  # one line per HTTP request is debugging detail
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()
