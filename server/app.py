@@ -15,23 +15,29 @@ from fastapi import FastAPI
 
 from shardstream import __version__
 from shardstream.server import handlers, migrate
+from shardstream.server.api.caching import ByteCache
 from shardstream.server.api.routes import datasets, health, runs, shards, tokens, versions
+from shardstream.server.auth import TokenCache
 from shardstream.server.config import Settings, get_settings
 from shardstream.server.data import datasets as datasets_data
 from shardstream.server.data import runs as runs_data
 from shardstream.server.data import versions as versions_data
 from shardstream.server.db import make_engine, make_sessionmaker
 from shardstream.server.logs import configure_logging
-from shardstream.server.metrics import MetricsMiddleware, ServerMetrics
+from shardstream.server.metrics import MetricsMiddleware, ServerMetrics, SQLiteWriteGate
 from shardstream.server.stores import StoreCache
 
 log = logging.getLogger("shardstream.server")
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
-    """Build the app; ``settings`` defaults to :func:`get_settings` (the environment)."""
-    settings = settings or get_settings()
-    configure_logging(settings.log_level, json_format=settings.log_json)
+    """Build the app; ``settings`` defaults to :func:`get_settings` (the environment),
+    in which case the process's logging is configured too (JSON lines on stderr)."""
+    if settings is None:
+        # The server process (uvicorn factory): configure logging for the process. Apps
+        # built with explicit settings (tests, embedding) leave global logging alone.
+        settings = get_settings()
+        configure_logging(settings.log_level, json_format=settings.log_json)
     engine = make_engine(settings.resolved_database_url, pool_size=settings.db_pool_size)
     if settings.migrate_on_start:
         migrate.upgrade(engine)
@@ -52,11 +58,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         "checkpoints, tokens, presigned shard URLs.",
         lifespan=lifespan,
     )
-    app.dependency_overrides[get_settings] = lambda: settings
+
+    async def current_settings() -> Settings:  # async: no thread hop per request
+        return settings
+
+    app.dependency_overrides[get_settings] = current_settings
+    app.state.token_cache = TokenCache(settings.token_cache_s)
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessionmaker = factory
-    app.state.stores = StoreCache()
+    app.state.stores = StoreCache(public_endpoint_url=settings.s3_public_endpoint_url)
+    app.state.page_cache = ByteCache()
     metrics = ServerMetrics()
 
     def entity_counts() -> dict[str, dict[str, int]]:
@@ -73,5 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (datasets, versions, shards, runs, tokens):
         app.include_router(module.router)
     app.include_router(health.router)
+    if settings.is_sqlite:
+        app.add_middleware(SQLiteWriteGate)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app

@@ -134,6 +134,9 @@ def _serve(args: argparse.Namespace) -> int:
         log_config=None,
         access_log=False,
         proxy_headers=True,
+        # Longer than the idle timeout of common load balancers (60 s), and long enough that
+        # a busy client's pooled connection is not closed under it between two requests.
+        timeout_keep_alive=75,
     )
     return 0
 

@@ -40,16 +40,24 @@ class Settings(BaseSettings):
     workers: int = Field(default=1, ge=1, le=256)
     admin_token: SecretStr | None = Field(default=None, description="bootstrap admin secret")
     presign_expires_s: int = Field(default=3600, ge=1, le=7 * 24 * 3600)
+    s3_public_endpoint_url: str | None = Field(
+        default=None,
+        description="S3 endpoint that clients reach, used to sign presigned URLs when the "
+        "server itself talks to the store at another address (AWS_ENDPOINT_URL)",
+    )
+    token_cache_s: float = Field(
+        default=5.0, ge=0, le=3600, description="how long an authenticated token is cached"
+    )
     migrate_on_start: bool = True
-    db_pool_size: int = Field(default=10, ge=1, le=1000)
+    db_pool_size: int = Field(default=16, ge=1, le=1000)
     log_level: str = "INFO"
     log_json: bool = True
 
     @field_validator("admin_token")
     @classmethod
     def _strong_admin_token(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and len(value.get_secret_value()) < 16:
-            raise ValueError("SHARDSTREAM_ADMIN_TOKEN must be at least 16 characters long")
+        if value is not None and len(value.get_secret_value()) < 12:
+            raise ValueError("SHARDSTREAM_ADMIN_TOKEN must be at least 12 characters long")
         return value
 
     @property

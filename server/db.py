@@ -12,21 +12,33 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session, sessionmaker
 
 from shardstream.errors import ConfigError
 
+WRITE_OPTION = "shardstream_write"
+
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    # Take transaction control away from the driver so _sqlite_begin decides how to BEGIN.
+    dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.execute("PRAGMA busy_timeout=30000")
     cur.close()
+
+
+def _sqlite_begin(conn: Connection) -> None:
+    # A deferred transaction that reads and then writes fails with SQLITE_BUSY (without
+    # waiting) when another writer committed meanwhile; write requests therefore take the
+    # write lock up front, and concurrent writers queue on busy_timeout instead of failing.
+    write = conn.get_execution_options().get(WRITE_OPTION, False)
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
 
 def make_engine(url: str, *, pool_size: int = 10) -> Engine:
@@ -48,6 +60,7 @@ def make_engine(url: str, *, pool_size: int = 10) -> Engine:
             max_overflow=2 * pool_size,
         )
         event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "begin", _sqlite_begin)
         return engine
     if parsed.get_backend_name() == "postgresql":
         if parsed.drivername == "postgresql":

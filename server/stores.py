@@ -23,21 +23,29 @@ _MAX_PROBLEMS = 5
 class StoreCache:
     """Open stores by root URL, thread-safe, at most ``capacity`` at a time."""
 
-    def __init__(self, capacity: int = 64) -> None:
-        self._stores: dict[str, ObjectStore] = {}
+    def __init__(self, capacity: int = 64, *, public_endpoint_url: str | None = None) -> None:
+        self._stores: dict[tuple[str, bool], ObjectStore] = {}
         self._lock = threading.Lock()
         self._capacity = capacity
+        self._public_endpoint_url = public_endpoint_url
 
-    def get(self, root: str) -> ObjectStore:
-        """The store for ``root`` (opened on first use)."""
+    def get(self, root: str, *, for_clients: bool = False) -> ObjectStore:
+        """The store for ``root`` (opened on first use).
+
+        ``for_clients``: the store whose presigned URLs clients can use -- for S3 roots
+        with ``SHARDSTREAM_S3_PUBLIC_ENDPOINT_URL`` set, one signing for that endpoint
+        (a signature covers the host, so it cannot be rewritten afterwards).
+        """
+        public = for_clients and self._public_endpoint_url is not None and root.startswith("s3://")
         with self._lock:
-            store = self._stores.get(root)
+            store = self._stores.get((root, public))
             if store is not None:
                 return store
-        from shardstream.storage import open_store  # storage pulls in boto3: import lazily
+        from shardstream.storage import StorageOptions, open_store  # boto3: import lazily
 
+        options = StorageOptions(endpoint_url=self._public_endpoint_url) if public else None
         try:
-            store = open_store(root)
+            store = open_store(root, options)
         except StorageError:
             raise
         except ValueError as exc:
@@ -45,7 +53,7 @@ class StoreCache:
         with self._lock:
             if len(self._stores) >= self._capacity:
                 self._stores.pop(next(iter(self._stores)))
-            self._stores[root] = store
+            self._stores[(root, public)] = store
         return store
 
 

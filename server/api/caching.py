@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+
 from fastapi import Request, Response
 
 from shardstream.server.models import VersionRow
@@ -39,3 +42,38 @@ def set_cache_headers(response: Response, etag: str | None) -> None:
     else:
         response.headers["ETag"] = etag
         response.headers["Cache-Control"] = IMMUTABLE
+
+
+class ByteCache:
+    """A thread-safe LRU of immutable response bodies, bounded by total bytes.
+
+    Only content of published versions goes in (it never changes), keyed by its ETag;
+    every request still checks the version and the token before a cached body is used.
+    """
+
+    def __init__(self, max_bytes: int = 64 << 20) -> None:
+        self._items: OrderedDict[str, bytes] = OrderedDict()
+        self._bytes = 0
+        self._max = max_bytes
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> bytes | None:
+        """The cached body for ``key``, if any."""
+        with self._lock:
+            body = self._items.get(key)
+            if body is not None:
+                self._items.move_to_end(key)
+            return body
+
+    def put(self, key: str, body: bytes) -> None:
+        """Remember ``body`` (bodies larger than a quarter of the cache are not kept)."""
+        if len(body) > self._max // 4:
+            return
+        with self._lock:
+            if key in self._items:
+                return
+            self._items[key] = body
+            self._bytes += len(body)
+            while self._bytes > self._max:
+                _, old = self._items.popitem(last=False)
+                self._bytes -= len(old)

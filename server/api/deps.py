@@ -6,20 +6,38 @@ from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, Path, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
 
-from shardstream.server.auth import Principal, bearer_secret, matches_admin_secret, principal_for
+from shardstream.server.auth import (
+    Principal,
+    TokenCache,
+    bearer_secret,
+    hash_secret,
+    matches_admin_secret,
+    principal_for,
+)
 from shardstream.server.config import Settings, get_settings
 from shardstream.server.data import tokens as tokens_data
-from shardstream.server.models import utcnow
+from shardstream.server.db import WRITE_OPTION
+from shardstream.server.models import TokenRow, utcnow
 from shardstream.wire import NAME_PATTERN, ErrorResponse, Scope
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
+_READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
 def get_db(request: Request) -> Iterator[Session]:
     """One session per request: committed when the route returns, rolled back on error."""
     session: Session = request.app.state.sessionmaker()
+    if request.method not in _READ_METHODS:
+        # On SQLite this begins with BEGIN IMMEDIATE (see db._sqlite_begin).
+        session.connection(execution_options={WRITE_OPTION: True})
+    elif request.app.state.engine.dialect.name == "postgresql":
+        # Reads need no transaction: autocommit saves the BEGIN and COMMIT round trips.
+        session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
     try:
         yield session
         session.commit()
@@ -30,36 +48,58 @@ def get_db(request: Request) -> Iterator[Session]:
         session.close()
 
 
+# Requests holding a session at once, per process. Kept below the worker threadpool (40)
+# so a request that holds row locks can always get a thread to commit: otherwise threads
+# blocked on those locks could take every thread and nobody would ever commit.
+DB_CONCURRENCY = 16
+
 # scope="function": the commit happens before the response is sent, so a client never
 # sees a success for a transaction that then failed to commit.
-SessionDep = Annotated[Session, Depends(get_db, scope="function")]
+SessionDep = Annotated[Session, Depends(get_db, scope="function", max_concurrency=DB_CONCURRENCY)]
 
 
-def get_principal(request: Request, session: SessionDep, settings: SettingsDep) -> Principal:
-    """Authenticate the bearer token (401 when missing, unknown, revoked or expired)."""
+async def get_principal(request: Request, settings: SettingsDep) -> Principal:
+    """Authenticate the bearer token (401 when missing, unknown, revoked or expired).
+
+    Async on purpose: a cached token costs no thread hop; a lookup runs in the pool.
+    """
     secret = bearer_secret(request.headers.get("authorization"))
     admin = settings.admin_token.get_secret_value() if settings.admin_token else None
     if matches_admin_secret(secret, admin):
         return Principal(name="admin (SHARDSTREAM_ADMIN_TOKEN)", scope=Scope.admin)
-    return principal_for(tokens_data.find(session, secret), utcnow())
+    cache: TokenCache = request.app.state.token_cache
+    key = hash_secret(secret)
+    now = utcnow()
+    principal = cache.get(key, now)
+    if principal is not None:
+        return principal
+    factory = request.app.state.sessionmaker
+
+    def lookup() -> TokenRow | None:
+        with factory() as session:
+            return tokens_data.find(session, secret)
+
+    principal = principal_for(await run_in_threadpool(lookup), now)
+    cache.put(key, principal)
+    return principal
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal, scope="function")]
 
 
-def reader(principal: PrincipalDep) -> Principal:
+async def reader(principal: PrincipalDep) -> Principal:
     """A caller with at least ``read`` scope."""
     principal.require(Scope.read)
     return principal
 
 
-def writer(principal: PrincipalDep) -> Principal:
+async def writer(principal: PrincipalDep) -> Principal:
     """A caller with at least ``write`` scope."""
     principal.require(Scope.write)
     return principal
 
 
-def admin(principal: PrincipalDep) -> Principal:
+async def admin(principal: PrincipalDep) -> Principal:
     """A caller with ``admin`` scope."""
     principal.require(Scope.admin)
     return principal

@@ -6,6 +6,7 @@ A 100k-shard index is never loaded whole: pages are keyset ranges over the prima
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 from sqlalchemy import select
@@ -13,23 +14,8 @@ from sqlalchemy.orm import Session
 
 from shardstream.errors import NotFoundError
 from shardstream.server.models import ShardRow
-from shardstream.wire import Page, ShardRecord
 
 from . import decode_cursor
-
-
-def to_record(row: ShardRow) -> ShardRecord:
-    """A shard row as the wire record."""
-    return ShardRecord.model_construct(
-        index=row.idx,
-        key=row.key,
-        samples=row.samples,
-        raw_bytes=row.raw_bytes,
-        stored_bytes=row.stored_bytes,
-        compression=row.compression,
-        hashes=row.hashes,
-        mds=row.mds,
-    )
 
 
 def chunk(session: Session, version_id: int, *, start: int, limit: int) -> list[ShardRow]:
@@ -44,13 +30,47 @@ def chunk(session: Session, version_id: int, *, start: int, limit: int) -> list[
     )
 
 
-def page(session: Session, version_id: int, *, cursor: str | None, limit: int) -> Page[ShardRecord]:
-    """One page of the shard index; the cursor is the next shard index."""
+_RECORD_COLUMNS = (
+    ShardRow.idx,
+    ShardRow.key,
+    ShardRow.samples,
+    ShardRow.raw_bytes,
+    ShardRow.stored_bytes,
+    ShardRow.compression,
+    ShardRow.hashes,
+    ShardRow.mds,
+)
+
+
+def page_json(session: Session, version_id: int, *, cursor: str | None, limit: int) -> bytes:
+    """One page of the shard index as ``Page[ShardRecord]`` JSON bytes.
+
+    The hot path of every training job's start-up: plain column tuples serialized with
+    :mod:`json`, skipping ORM objects and pydantic (the schema is the same; a test
+    checks it against ``Page[ShardRecord]``).
+    """
     start = decode_cursor(cursor) or 0
-    rows = chunk(session, version_id, start=start, limit=limit + 1)
-    items = [to_record(r) for r in rows[:limit]]
-    nxt = str(rows[limit].idx) if len(rows) > limit else None
-    return Page[ShardRecord](items=items, next_cursor=nxt)
+    rows = session.execute(
+        select(*_RECORD_COLUMNS)
+        .where(ShardRow.version_id == version_id, ShardRow.idx >= start)
+        .order_by(ShardRow.idx)
+        .limit(limit + 1)
+    ).all()
+    items = [
+        {
+            "index": r[0],
+            "key": r[1],
+            "samples": r[2],
+            "raw_bytes": r[3],
+            "stored_bytes": r[4],
+            "compression": r[5],
+            "hashes": r[6],
+            "mds": r[7],
+        }
+        for r in rows[:limit]
+    ]
+    nxt = str(rows[limit][0]) if len(rows) > limit else None
+    return json.dumps({"items": items, "next_cursor": nxt}, separators=(",", ":")).encode()
 
 
 def iter_rows(session: Session, version_id: int, *, chunk_size: int = 2000) -> Iterator[ShardRow]:

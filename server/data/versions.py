@@ -65,6 +65,20 @@ def get(session: Session, dataset: DatasetRow, number: int, *, lock: bool = Fals
     return row
 
 
+def find(session: Session, dataset: str, number: int) -> VersionRow:
+    """Version ``number`` of the dataset named ``dataset`` in one query, or 404."""
+    row = session.scalars(
+        select(VersionRow)
+        .join(DatasetRow, DatasetRow.id == VersionRow.dataset_id)
+        .where(DatasetRow.name == dataset, VersionRow.number == number)
+    ).first()
+    if row is None:
+        if session.scalars(select(DatasetRow.id).where(DatasetRow.name == dataset)).first() is None:
+            raise NotFoundError(f"dataset {dataset!r} not found", 404)
+        raise NotFoundError(f"dataset {dataset!r} has no version {number}", 404)
+    return row
+
+
 def latest_published(session: Session, dataset: DatasetRow) -> VersionRow:
     """The newest published version of ``dataset``, or 404."""
     row = session.scalars(

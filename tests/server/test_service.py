@@ -35,7 +35,7 @@ def test_unsafe_settings_refuse_to_start(tmp_path: Path) -> None:
         has_db_tokens=False
     )
     Settings(database_url="postgresql+psycopg://h/db", workers=4).check_safe()
-    with pytest.raises(ValueError, match="at least 16"):
+    with pytest.raises(ValueError, match="at least 12"):
         Settings(admin_token="short")
 
 

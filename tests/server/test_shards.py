@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 
 from shardstream.mds import MDSWriter, load_index
 from shardstream.shard_builder.publish import shard_record
+from shardstream.wire import Page, ShardRecord
 from tests.fixtures.s3 import S3Bucket
 from tests.server.conftest import make_published, shard
 
@@ -36,6 +37,7 @@ def test_pages_cover_a_large_index_exactly_once(api: TestClient, tmp_path: Path)
     while True:
         params: dict[str, object] = {"limit": 7000} | ({"cursor": cursor} if cursor else {})
         page = api.get(f"{url}/shards", params=params).json()
+        Page[ShardRecord].model_validate(page)  # the fast path keeps the documented schema
         seen += [s["index"] for s in page["items"]]
         cursor = page["next_cursor"]
         if cursor is None:
@@ -127,3 +129,36 @@ def test_presign_s3_urls_work_without_credentials(
     assert httpx.get(url).content == payloads["v1/shard.00001.mds"]
     expires = body["expires_at"]
     assert expires > time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+
+
+def test_presign_signs_for_the_public_endpoint(
+    app: object, settings: object, s3_bucket: S3Bucket, tmp_path: Path
+) -> None:
+    """With SHARDSTREAM_S3_PUBLIC_ENDPOINT_URL the URL names the endpoint clients reach
+    (the server itself talks to AWS_ENDPOINT_URL), and it works there."""
+    from fastapi.testclient import TestClient as Client
+
+    from shardstream.server.app import create_app
+    from shardstream.server.config import Settings
+
+    assert isinstance(settings, Settings)
+    public = s3_bucket.endpoint_url.replace("127.0.0.1", "localhost")
+    application = create_app(settings.model_copy(update={"s3_public_endpoint_url": public}))
+    s3_bucket.client().put_object(Bucket=s3_bucket.name, Key="p/a.mds", Body=b"abc")
+    with Client(
+        application, headers={"Authorization": f"Bearer {settings.admin_token.get_secret_value()}"}
+    ) as api:  # type: ignore[union-attr]
+        api.post("/v1/datasets", json={"name": "pub"})
+        api.post(
+            "/v1/datasets/pub/versions", json={"columns": {}, "storage_root": f"{s3_bucket.url}/p"}
+        )
+        api.post(
+            "/v1/datasets/pub/versions/1/shards", json={"shards": [shard(0, key="a.mds", size=3)]}
+        )
+        assert api.post("/v1/datasets/pub/versions/1/publish").status_code == 200
+        url = api.post("/v1/datasets/pub/versions/1/presign", json={"keys": ["a.mds"]}).json()[
+            "urls"
+        ]["a.mds"]
+    assert url.startswith(public)
+    assert httpx.get(url).content == b"abc"
+    application.state.engine.dispose()

@@ -22,7 +22,6 @@ from shardstream.server.api.deps import (
     SettingsDep,
     VersionNumber,
 )
-from shardstream.server.data import datasets as datasets_data
 from shardstream.server.data import shards as data
 from shardstream.server.data import versions as versions_data
 from shardstream.server.models import VersionRow, utcnow
@@ -37,7 +36,7 @@ ShardLimit = Annotated[int, Query(ge=1, le=10_000, description="shards per page"
 
 
 def _published(session: Session, name: str, number: int, what: str) -> VersionRow:
-    row = versions_data.get(session, datasets_data.get(session, name), number)
+    row = versions_data.find(session, name, number)
     if row.status != "published":
         raise ConflictError(
             f"version {number} of {name!r} is {row.status}; {what} is served for published "
@@ -53,7 +52,6 @@ def list_shards(
     name: DatasetName,
     number: VersionNumber,
     request: Request,
-    response: Response,
     session: SessionDep,
     who: Reader,
     cursor: Cursor = None,
@@ -61,13 +59,20 @@ def list_shards(
 ) -> Any:
     """One page of the shard index in shard order (keyset pages; cacheable once published)."""
     who.require_dataset(name)
-    row = versions_data.get(session, datasets_data.get(session, name), number)
+    row = versions_data.find(session, name, number)
     etag = version_etag(row, cursor or 0, limit)
     cached = not_modified(request, etag)
     if cached is not None:
         return cached
-    set_cache_headers(response, etag)
-    return data.page(session, row.id, cursor=cursor, limit=limit)
+    pages = request.app.state.page_cache
+    body = pages.get(etag) if etag is not None else None
+    if body is None:
+        body = data.page_json(session, row.id, cursor=cursor, limit=limit)
+        if etag is not None:
+            pages.put(etag, body)
+    out = Response(content=body, media_type="application/json")
+    set_cache_headers(out, etag)
+    return out
 
 
 def _stream_index(factory: sessionmaker[Session], version_id: int) -> Iterator[bytes]:
@@ -129,6 +134,6 @@ def presign_urls(
     row = _published(session, name, number, "presigned URLs")
     data.require_keys(session, row.id, body.keys)
     expires_s = min(body.expires_s or settings.presign_expires_s, settings.presign_expires_s)
-    store = request.app.state.stores.get(row.storage_root)
+    store = request.app.state.stores.get(row.storage_root, for_clients=True)
     urls = presign(store, list(dict.fromkeys(body.keys)), expires_s)
     return PresignResponse(urls=urls, expires_at=utcnow() + timedelta(seconds=expires_s))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, status
+from fastapi import APIRouter, Path, Request, status
 from pydantic import BaseModel
 
 from shardstream.server.api.deps import ERRORS, Admin, Cursor, Limit, PrincipalDep, SessionDep
@@ -45,9 +45,14 @@ def get_token(token_id: TokenId, session: SessionDep, who: Admin) -> TokenPublic
 
 
 @router.delete("/tokens/{token_id}")
-def revoke_token(token_id: TokenId, session: SessionDep, who: Admin) -> TokenPublic:
-    """Revoke a token; it is refused from the next request on."""
-    return data.revoke(session, token_id)
+def revoke_token(
+    token_id: TokenId, request: Request, session: SessionDep, who: Admin
+) -> TokenPublic:
+    """Revoke a token; this server refuses it at once, other replicas within
+    ``SHARDSTREAM_TOKEN_CACHE_S`` seconds."""
+    revoked = data.revoke(session, token_id)
+    request.app.state.token_cache.forget(token_id)
+    return revoked
 
 
 @router.get("/whoami")

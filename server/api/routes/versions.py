@@ -77,7 +77,7 @@ def get_version(
 ) -> Any:
     """One version; published versions carry an ETag and answer 304 to If-None-Match."""
     who.require_dataset(name)
-    row = data.get(session, datasets_data.get(session, name), number)
+    row = data.find(session, name, number)
     etag = version_etag(row)
     cached = not_modified(request, etag)
     if cached is not None:
