@@ -122,7 +122,7 @@ def _output_options(args: argparse.Namespace, output: str) -> dict[str, Any]:
 def _run_text(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from shardstream.shard_builder.config import TextBuildConfig, parse_size
+    from shardstream.shard_builder.config import DEFAULT_CHUNK_BYTES, TextBuildConfig, parse_size
     from shardstream.shard_builder.text import build_text
 
     def build(output: str) -> Any:
@@ -132,7 +132,7 @@ def _run_text(args: argparse.Namespace) -> int:
             tokenizer=Path(args.tokenizer) if args.tokenizer else None,
             eos_token=args.eos_token,
             seq_len=args.seq_len,
-            **({"chunk_bytes": parse_size(args.chunk_bytes)} if args.chunk_bytes else {}),
+            chunk_bytes=parse_size(args.chunk_bytes) if args.chunk_bytes else DEFAULT_CHUNK_BYTES,
             **_output_options(args, output),
         )
         return build_text(config)

@@ -13,7 +13,10 @@ import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import TypeVar
+
+from shardstream.errors import ShardstreamError
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -54,6 +57,11 @@ def ordered_map(
                     yield pending.popleft().result()
             while pending:
                 yield pending.popleft().result()
+        except BrokenProcessPool as exc:
+            raise ShardstreamError(
+                "a builder worker process died (killed, or out of memory: try fewer --workers); "
+                "the finished shards are kept - run the same command again to resume"
+            ) from exc
         finally:
             for future in pending:
                 future.cancel()
