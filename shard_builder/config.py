@@ -28,6 +28,13 @@ ImageVerify = Literal["quick", "full"]
 ImageFormat = Literal["auto", "jpeg", "png", "bytes"]
 
 
+def _as_tuple(value: object) -> tuple[str, ...]:
+    """Callers may pass one string or a list where a tuple of strings is expected."""
+    if isinstance(value, str):
+        return (value,)
+    return tuple(str(v) for v in value)  # type: ignore[attr-defined]
+
+
 def _default_workers() -> int:
     return os.cpu_count() or 1
 
@@ -53,6 +60,7 @@ class OutputOptions:
     allow_small_shards: bool = False
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "hashes", _as_tuple(self.hashes))
         if not self.output:
             raise ConfigError("output: give a local directory or an s3://bucket/prefix URL")
         low = _ABSOLUTE_MIN_SHARD_SIZE if self.allow_small_shards else MIN_SHARD_SIZE
@@ -105,10 +113,13 @@ class TextBuildConfig(OutputOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        object.__setattr__(self, "inputs", _as_tuple(self.inputs))
         if not self.inputs:
             raise ConfigError("inputs: give at least one JSONL/Parquet file, directory or glob")
         if self.seq_len < 1:
             raise ConfigError(f"seq-len must be at least 1, got {self.seq_len}")
+        if isinstance(self.tokenizer, str):  # accept a plain string path from Python callers
+            object.__setattr__(self, "tokenizer", Path(self.tokenizer))
         if self.chunk_bytes < 1:
             raise ConfigError(f"chunk_bytes must be positive, got {self.chunk_bytes}")
         if not self.field:
@@ -140,6 +151,7 @@ class ImageBuildConfig(OutputOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        object.__setattr__(self, "inputs", _as_tuple(self.inputs))
         if not self.inputs:
             raise ConfigError("inputs: give an image folder or Parquet files")
         if self.resize is not None and self.resize < 1:

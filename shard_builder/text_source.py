@@ -113,7 +113,11 @@ def _jsonl_docs(chunk: TextChunk, field: str) -> list[str]:
         try:
             obj = json.loads(line)
         except ValueError as exc:
-            raise _line_error(chunk.path, line_start, f"invalid JSON ({exc})") from None
+            raise _line_error(
+                chunk.path,
+                line_start,
+                f"invalid JSON ({exc}); text input is JSON Lines: one object per line",
+            ) from None
         if not isinstance(obj, dict) or field not in obj:
             keys = ", ".join(obj) if isinstance(obj, dict) else type(obj).__name__
             raise _line_error(
