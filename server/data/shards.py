@@ -84,6 +84,25 @@ def iter_rows(session: Session, version_id: int, *, chunk_size: int = 2000) -> I
         start = rows[-1].idx + 1
 
 
+def iter_mds_chunks(
+    session: Session, version_id: int, *, chunk_size: int = 5000
+) -> Iterator[list[dict[str, object]]]:
+    """The shards' MDS index entries in order, ``chunk_size`` at a time (keyset reads)."""
+    start = 0
+    while True:
+        rows = session.execute(
+            select(ShardRow.idx, ShardRow.mds)
+            .where(ShardRow.version_id == version_id, ShardRow.idx >= start)
+            .order_by(ShardRow.idx)
+            .limit(chunk_size)
+        ).all()
+        if rows:
+            yield [r[1] for r in rows]
+        if len(rows) < chunk_size:
+            return
+        start = rows[-1][0] + 1
+
+
 def missing_mds(session: Session, version_id: int) -> bool:
     """Whether some shard was registered without its MDS index entry."""
     found = session.scalars(
