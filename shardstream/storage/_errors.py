@@ -107,6 +107,8 @@ def translate(exc: BaseException, what: str) -> ShardstreamError:
         )
     if isinstance(exc, httpx.HTTPStatusError):
         return error_for_status(exc.response.status_code, "", what)
+    if isinstance(exc, httpx.UnsupportedProtocol):  # a wrong URL: retrying cannot help
+        return StorageError(f"{what}: not an http(s) URL this store can fetch ({exc})")
     if isinstance(exc, _NETWORK_ERRORS):
         return TransientStorageError(f"{what}: connection failed or cut ({_describe(exc)})")
     if isinstance(exc, FileNotFoundError):

@@ -13,6 +13,7 @@ from shardstream.errors import (
     ObjectNotFoundError,
     StorageError,
     StoragePermissionError,
+    TransientStorageError,
 )
 from shardstream.hashing import hash_bytes
 from shardstream.storage import HTTPStore, S3Store, StorageOptions, open_store
@@ -174,3 +175,18 @@ def test_server_without_range_support_is_read_in_one_stream(
     faulty_proxy.faults = Faults(ignore_range=True, cut_rate=0.3)
     patient.download("k.bin", tmp_path / "again.bin", expected_size=len(data))
     assert (tmp_path / "again.bin").read_bytes() == data
+
+
+def test_a_url_of_another_scheme_fails_at_once_without_retries(tmp_path: Path) -> None:
+    calls: list[list[str]] = []
+
+    def resolve(keys: list[str]) -> dict[str, str]:
+        calls.append(keys)
+        return {key: f"ftp://example.invalid/{key}" for key in keys}
+
+    store = HTTPStore(resolve, options=StorageOptions(retries=6))
+    with pytest.raises(StorageError, match="not an http") as info:
+        store.download("shard.00000.mds", tmp_path / "out")
+    assert not isinstance(info.value, TransientStorageError)
+    assert len(calls) == 1
+    assert not (tmp_path / "out").exists()
