@@ -7,13 +7,23 @@ environment the compose file gives it, against the local PostgreSQL.
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
 import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from tests.fixtures.postgres import create_database, drop_database, server_url
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -73,3 +83,84 @@ def test_server_image_requirements_come_from_pyproject() -> None:
     assert not any(req.startswith("torch") for req in out)
     assert any(req.startswith("fastapi") for req in out)
     assert any(req.startswith("sqlalchemy") for req in out)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def compose_database(compose: dict[str, Any]) -> Iterator[str]:
+    """The compose file's database URL, pointed at the local PostgreSQL.
+
+    Only the host (``postgres`` -> 127.0.0.1) and the database name (a fresh one, so a
+    developer's own ``shardstream`` database is never touched) change; the role and password
+    are the compose file's, created here if missing.
+    """
+    url = make_url(compose["services"]["server"]["environment"]["SHARDSTREAM_DATABASE_URL"])
+    database = create_database("shardstream_compose")
+    admin = create_engine(server_url(), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            exists = conn.execute(
+                text("SELECT 1 FROM pg_roles WHERE rolname = :name"), {"name": url.username}
+            ).scalar()
+            if not exists:
+                conn.execute(
+                    text(f"CREATE ROLE \"{url.username}\" LOGIN PASSWORD '{url.password}'")
+                )
+            conn.execute(
+                text(f'ALTER DATABASE "{make_url(database).database}" OWNER TO "{url.username}"')
+            )
+    finally:
+        admin.dispose()
+    local = url.set(host="127.0.0.1", database=make_url(database).database)
+    yield local.render_as_string(hide_password=False)
+    drop_database(database)
+
+
+@pytest.mark.slow
+def test_server_starts_with_the_compose_environment(
+    compose: dict[str, Any], compose_database: str, tmp_path: Path
+) -> None:
+    services = compose["services"]
+    env = {key: str(value) for key, value in services["server"]["environment"].items()}
+    env["SHARDSTREAM_DATABASE_URL"] = compose_database
+    port = _free_port()
+    env["SHARDSTREAM_PORT"] = str(port)  # 8470 may be taken on a developer's machine
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SHARDSTREAM_", "AWS_"))}
+    bindir = Path(sys.executable).parent
+    run_env = {**base, **env, "PATH": f"{bindir}{os.pathsep}{base.get('PATH', '')}"}
+
+    # the migrate service's command, then the server's
+    migrate = subprocess.run(
+        services["migrate"]["command"], env=run_env, capture_output=True, text=True, check=False
+    )
+    assert migrate.returncode == 0, migrate.stderr
+    log = (tmp_path / "server.log").open("wb")
+    server = subprocess.Popen(services["server"]["command"], env=run_env, stdout=log, stderr=log)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the server never became ready"
+            time.sleep(0.2)
+        auth = {"Authorization": f"Bearer {env['SHARDSTREAM_ADMIN_TOKEN']}"}
+        created = httpx.post(f"{url}/v1/datasets", json={"name": "compose-check"}, headers=auth)
+        assert created.status_code == 201, created.text
+        listed = httpx.get(f"{url}/v1/datasets", headers=auth).json()
+        assert [d["name"] for d in listed["items"]] == ["compose-check"]
+        assert httpx.get(f"{url}/v1/datasets").status_code == 401
+    finally:
+        server.terminate()
+        server.wait(10)
+        log.close()
