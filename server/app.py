@@ -22,7 +22,7 @@ from shardstream.server.config import Settings, get_settings
 from shardstream.server.data import datasets as datasets_data
 from shardstream.server.data import runs as runs_data
 from shardstream.server.data import versions as versions_data
-from shardstream.server.db import make_engine, make_sessionmaker
+from shardstream.server.db import WRITE_OPTION, make_engine, make_sessionmaker
 from shardstream.server.logs import configure_logging
 from shardstream.server.metrics import MetricsMiddleware, ServerMetrics, SQLiteWriteGate
 from shardstream.server.stores import StoreCache
@@ -59,14 +59,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
 
-    async def current_settings() -> Settings:  # async: no thread hop per request
-        return settings
-
-    app.dependency_overrides[get_settings] = current_settings
     app.state.token_cache = TokenCache(settings.token_cache_s)
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessionmaker = factory
+    reads = (
+        engine.execution_options(isolation_level="AUTOCOMMIT")
+        if engine.dialect.name == "postgresql"
+        else engine
+    )
+    app.state.read_sessions = make_sessionmaker(reads)
+    app.state.write_sessions = make_sessionmaker(engine.execution_options(**{WRITE_OPTION: True}))
     app.state.stores = StoreCache(public_endpoint_url=settings.s3_public_endpoint_url)
     app.state.page_cache = ByteCache()
     metrics = ServerMetrics()
