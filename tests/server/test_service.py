@@ -159,3 +159,64 @@ def test_openapi_documents_errors(api: TestClient) -> None:
     op = spec["paths"]["/v1/datasets/{name}/versions/{number}/publish"]["post"]
     assert {"401", "403", "404", "409", "422", "503"} <= set(op["responses"])
     assert "HTTPValidationError" not in json.dumps(spec)
+
+
+def test_shardstream_server_command_serves(db_url: str, settings: Settings, tmp_path: Path) -> None:
+    """`shardstream server` in a real process: migrates, serves, logs JSON; 2 workers on
+    PostgreSQL."""
+    import os
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    workers = "1" if db_url.startswith("sqlite") else "2"
+    env = {
+        **os.environ,
+        "SHARDSTREAM_ADMIN_TOKEN": "ss_cli_admin_token_123",
+        "SHARDSTREAM_LOG_LEVEL": "INFO",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "shardstream",
+        "server",
+        "--database-url",
+        db_url,
+        "--port",
+        str(port),
+        "--data-dir",
+        str(tmp_path),
+        "--workers",
+        workers,
+    ]
+    log = tmp_path / "server.log"
+    with log.open("wb") as err:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert proc.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.1)
+            headers = {"Authorization": "Bearer ss_cli_admin_token_123"}
+            assert (
+                httpx.post(f"{base}/v1/datasets", json={"name": "cli"}, headers=headers).status_code
+                == 201
+            )
+            assert httpx.get(f"{base}/v1/datasets/cli", headers=headers).json()["name"] == "cli"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    access = [e for e in lines if e.get("logger") == "shardstream.server.access"]
+    assert any(e["route"] == "/v1/datasets" and e["status"] == 201 for e in access), lines[:5]
