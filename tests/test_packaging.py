@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import sysconfig
 import venv
 import zipfile
 from pathlib import Path
@@ -42,9 +43,14 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv (seeing this environment's dependencies) with the wheel installed."""
+    """A fresh venv with the wheel installed, seeing this environment's dependencies.
+
+    The dependencies come through a ``.pth`` line naming this environment's site-packages:
+    a plain path entry, so the editable install's own ``.pth`` hooks there are not run and
+    ``shardstream`` can only come from the wheel.
+    """
     env_dir = tmp_path_factory.mktemp("venv")
-    venv.create(env_dir, system_site_packages=True, with_pip=False)
+    venv.create(env_dir, with_pip=False)
     python = env_dir / "bin" / "python"
     subprocess.run(
         [
@@ -60,6 +66,13 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         ],
         check=True,
     )
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    (Path(site) / "outer-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return env_dir
 
 
