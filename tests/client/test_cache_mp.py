@@ -360,9 +360,10 @@ def test_random_sigkills_never_corrupt_block_or_overshoot(tmp_path: Path) -> Non
 
     for i in range(4):
         start(i)
-    kills, deadline = 0, time.monotonic() + 4.0
+    # at least 4 s and 10 kills (a loaded machine restarts workers slowly), at most 30 s
+    kills, began = 0, time.monotonic()
     try:
-        while time.monotonic() < deadline:
+        while time.monotonic() - began < 30 and (time.monotonic() - began < 4.0 or kills < 10):
             time.sleep(rng.random() * 0.3)
             i = rng.randrange(4)
             assert procs[i].exitcode is None, (tmp_path / f"out{i}").read_text()
