@@ -11,6 +11,7 @@ A block that cannot run here (Docker, a real cluster) is preceded by a comment s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -103,8 +104,6 @@ def test_examples_run(doc: Path, tmp_path: Path) -> None:
     try:
         out, _ = proc.communicate(timeout=300)
     finally:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # background servers the examples started
-        except ProcessLookupError:
-            pass
     assert proc.returncode == 0, f"{doc.name} examples failed:\n{out[-6000:]}"
