@@ -18,6 +18,10 @@ slots), so a running pass costs no system call per batch for polling.
 
 from __future__ import annotations
 
+import ctypes
+import os
+import signal
+import sys
 import traceback
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
@@ -43,6 +47,7 @@ def worker_main(
     stream: BatchStream, ring: BatchRing, chunk: int, recv: Connection, send: Connection
 ) -> None:
     """Serve passes until told to stop (or the main process goes away)."""
+    _detach_from_trainer_signals()
     torch.set_num_threads(1)  # the workers copy memory; the trainer owns the cores
     try:
         command: tuple[Any, ...] = recv.recv()
@@ -52,6 +57,27 @@ def worker_main(
         pass
     finally:
         stream.close()
+
+
+def _detach_from_trainer_signals() -> None:
+    """Make the worker die with the trainer, whatever handlers the trainer installed.
+
+    A forked worker inherits the trainer's Python signal handlers: frameworks such as
+    Lightning catch SIGTERM to checkpoint, which would make multiprocessing's exit-time
+    ``terminate()`` a no-op and leave the trainer waiting for its workers forever. SIGINT
+    (Ctrl-C reaches the whole process group) is the trainer's to handle; it closes the
+    workers. And should the trainer be SIGKILLed, the kernel ends the workers too
+    (``PR_SET_PDEATHSIG``), instead of leaving orphans blocked on pipes that sibling
+    workers keep open.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        parent = os.getppid()
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the trainer died before prctl took effect
+            os._exit(0)
 
 
 def _serve(
