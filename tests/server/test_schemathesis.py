@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from shardstream.api_client import APIClient
@@ -40,7 +41,8 @@ def test_no_server_errors_and_schema_conformance(live: LiveServer, tmp_path: Pat
     _seed(live, tmp_path / "shards")
     config = tmp_path / "schemathesis.toml"
     config.write_text('[parameters]\n"path.name" = "wiki"\n"path.run_id" = 1\n"path.step" = 1\n')
-    exe = shutil.which("schemathesis")
+    # the CLI installed beside this interpreter (CI runs pytest without activating the venv)
+    exe = shutil.which("schemathesis", path=str(Path(sys.executable).parent))
     assert exe is not None
     result = subprocess.run(
         [
