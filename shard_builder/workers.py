@@ -49,19 +49,37 @@ def ordered_map(
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     pending: deque[Future[R]] = deque()
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker) as pool:
-        try:
-            for item in items:
-                pending.append(pool.submit(fn, item))
-                if len(pending) >= window:
-                    yield pending.popleft().result()
-            while pending:
+    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker)
+    finished = False
+    try:
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) >= window:
                 yield pending.popleft().result()
-        except BrokenProcessPool as exc:
-            raise ShardstreamError(
-                "a builder worker process died (killed, or out of memory: try fewer --workers); "
-                "the finished shards are kept - run the same command again to resume"
-            ) from exc
-        finally:
-            for future in pending:
-                future.cancel()
+        while pending:
+            yield pending.popleft().result()
+        finished = True
+    except BrokenProcessPool as exc:
+        raise ShardstreamError(
+            "a builder worker process died (killed, or out of memory: try fewer --workers); "
+            "the finished shards are kept - run the same command again to resume"
+        ) from exc
+    finally:
+        if finished:
+            pool.shutdown(wait=True)
+        else:
+            _abandon(pool)
+
+
+def _abandon(pool: ProcessPoolExecutor) -> None:
+    """Stop a pool whose results are no longer wanted, without waiting for its work.
+
+    Waiting in ``shutdown`` for the items still running can hang on some Python 3.11
+    releases (seen on 3.11.2 after a worker raised); the work is discarded anyway.
+    """
+    processes = list(getattr(pool, "_processes", {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join(timeout=5)
