@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from shardstream.errors import InputError
 from shardstream.mds import ShardInfo, make_encoder, shard_config, write_shard
-from shardstream.shard_builder.config import ImageBuildConfig, config_dict, content_options
+from shardstream.shard_builder.config import ImageBuildConfig, content_options
 from shardstream.shard_builder.image_codec import BadImageError, check_image, sniff_format
 from shardstream.shard_builder.image_source import ImageChunk, ImageSource, plan_images, read_items
 from shardstream.shard_builder.journal import BuildJournal, fingerprint, shard_basename
@@ -24,9 +24,9 @@ from shardstream.shard_builder.progress import BuildProgress
 from shardstream.shard_builder.result import (
     BadInput,
     BuildResult,
+    completed_result,
     existing_result,
     finish_build,
-    result_from_metadata,
 )
 from shardstream.shard_builder.sink import ShardSink
 from shardstream.shard_builder.workers import ordered_map
@@ -239,9 +239,9 @@ def build_images(config: ImageBuildConfig) -> BuildResult:
         raise
     finally:
         sink.close()
-    result = result_from_metadata(sink.url, index, metadata)
-    timings = {"total_s": time.perf_counter() - started}
-    return replace(result, config=config_dict(config), reused_shards=len(finished), timings=timings)
+    return completed_result(
+        sink, index, metadata, config=config, reused_shards=len(finished), started=started
+    )
 
 
 def _bad_images_error(bad: list[BadInput]) -> InputError:

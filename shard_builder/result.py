@@ -8,11 +8,13 @@ without ``index.json`` is never a finished dataset - and then the journal is del
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shardstream.errors import ConfigError, ObjectNotFoundError
 from shardstream.mds import MDSIndex, ShardInfo, load_index
+from shardstream.shard_builder.config import OutputOptions, config_dict
 from shardstream.shard_builder.journal import BuildJournal
 from shardstream.shard_builder.sink import INDEX_KEY, METADATA_KEY, ShardSink
 
@@ -137,3 +139,18 @@ def result_from_metadata(
         skipped=tuple(BadInput(**b) for b in metadata.get("skipped", ())),
         reused_shards=len(index.shards) if reused else 0,
     )
+
+
+def completed_result(
+    sink: ShardSink,
+    index: MDSIndex,
+    metadata: dict[str, Any],
+    *,
+    config: OutputOptions,
+    reused_shards: int,
+    started: float,
+) -> BuildResult:
+    """The result of a build that just finished (``started``: its ``perf_counter``)."""
+    result = result_from_metadata(sink.url, index, metadata)
+    timings = {"total_s": time.perf_counter() - started}
+    return replace(result, config=config_dict(config), reused_shards=reused_shards, timings=timings)

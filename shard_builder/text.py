@@ -15,7 +15,7 @@ The work split, chosen so the output never depends on scheduling:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,16 +23,16 @@ import numpy.typing as npt
 
 from shardstream.errors import InputError
 from shardstream.mds import ShardInfo, samples_per_shard, write_shard_arrays
-from shardstream.shard_builder.config import TextBuildConfig, config_dict, content_options
+from shardstream.shard_builder.config import TextBuildConfig, content_options
 from shardstream.shard_builder.inputs import lineage, resolve_inputs
 from shardstream.shard_builder.journal import BuildJournal, fingerprint, shard_basename
 from shardstream.shard_builder.packing import StreamPosition, TokenPacker
 from shardstream.shard_builder.progress import BuildProgress
 from shardstream.shard_builder.result import (
     BuildResult,
+    completed_result,
     existing_result,
     finish_build,
-    result_from_metadata,
 )
 from shardstream.shard_builder.sink import ShardSink
 from shardstream.shard_builder.text_source import TextChunk, plan_chunks, read_docs
@@ -181,9 +181,9 @@ def build_text(config: TextBuildConfig) -> BuildResult:
         raise
     finally:
         sink.close()
-    result = result_from_metadata(sink.url, index, metadata)
-    timings = {"total_s": time.perf_counter() - started}
-    return replace(result, config=config_dict(config), reused_shards=len(done), timings=timings)
+    return completed_result(
+        sink, index, metadata, config=config, reused_shards=len(done), started=started
+    )
 
 
 def _too_little_input(
