@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import secrets
 import socket
@@ -26,13 +27,20 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import numpy as np
+from _rawhttp import ConnectionClosed, RawClient, Response
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
+
+try:
+    import uvloop
+except ImportError:  # pragma: no cover - installed with uvicorn[standard]
+    uvloop = None  # type: ignore[assignment]
 
 PG_SERVER = os.environ.get(
     "SHARDSTREAM_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -47,6 +55,8 @@ class Phase:
     latencies: list[float] = field(default_factory=list)
     errors: int = 0
     wall_s: float = 0.0
+    done: int = 0  # ranks that finished the phase
+    cpu_ms: dict[str, float] = field(default_factory=dict)  # CPU per request, by process
     error_kinds: dict[str, int] = field(default_factory=dict)
 
     def failed(self, kind: str) -> None:
@@ -61,71 +71,115 @@ class Phase:
             "p50 ms": float(np.percentile(lat, 50)),
             "p99 ms": float(np.percentile(lat, 99)),
             "errors": float(self.errors),
-        }
+        } | {f"{who} CPU ms/req": ms for who, ms in self.cpu_ms.items()}
 
 
 async def _timed(
-    client: httpx.AsyncClient, phase: Phase, method: str, url: str, **kw: object
-) -> httpx.Response | None:
-    start = time.perf_counter()
+    client: RawClient,
+    phase: Phase,
+    method: str,
+    target: str,
+    body: bytes | None = None,
+    *,
+    since: float | None = None,
+) -> Response | None:
+    """One request; its latency counts from ``since`` (its scheduled time) if given."""
+    start = time.perf_counter() if since is None else since
     try:
-        response = await client.request(method, url, **kw)  # type: ignore[arg-type]
-    except httpx.HTTPError as exc:
+        response = await client.request(method, target, body)
+    except (OSError, ConnectionClosed, asyncio.IncompleteReadError) as exc:
         phase.failed(type(exc).__name__)
         phase.latencies.append(time.perf_counter() - start)
         return None
     phase.latencies.append(time.perf_counter() - start)
-    if response.status_code >= 400:
-        phase.failed(f"{response.status_code} {response.text[:80]}")
+    if response.status >= 400:
+        phase.failed(f"{response.status} {response.body[:80]!r}")
     return response
+
+
+def _page_keys(body: bytes, first: int, rank: int, ranks: int) -> tuple[list[str], int, str | None]:
+    """The keys this rank reads (positions ``rank``, ``rank + ranks``, ...) from one page,
+    the page's item count and its next cursor.
+
+    The simulated rank receives every byte of the page but decodes only what its next
+    request needs: a full ``json.loads`` of a 1,000-shard page costs the load generator
+    0.8-1.5 ms, more than the server spends serving it, and the two share the machine.
+    """
+    parts = body.split(b'"key":')
+    count = len(parts) - 1
+    start = (rank - first) % ranks
+    keys = [
+        json.loads(parts[i + 1][: parts[i + 1].index(b",")]) for i in range(start, count, ranks)
+    ]
+    cursor = json.loads(body[body.rindex(b'"next_cursor":') + 14 : -1])
+    return keys, count, cursor
+
+
+async def _start_up(
+    client: RawClient, rank: int, args: argparse.Namespace, phase: Phase, since: float | None
+) -> None:
+    """What a rank does at start-up: the version, the whole index, its shards' URLs."""
+    v = "/v1/datasets/bench/versions/1"
+    await _timed(client, phase, "GET", v, since=since)
+    cursor: str | None = None
+    mine: list[str] = []
+    seen = 0
+    while True:
+        query = f"limit={args.page_size}" + (f"&cursor={cursor}" if cursor else "")
+        page = await _timed(client, phase, "GET", f"{v}/shards?{query}")
+        if page is None or page.status != 200:
+            break
+        keys, count, cursor = _page_keys(page.body, seen, rank, args.ranks)
+        mine += keys
+        seen += count
+        if not cursor:
+            break
+    if mine := mine[: args.presign]:  # (empty only when the index could not be read)
+        request = json.dumps({"keys": mine}).encode()
+        await _timed(client, phase, "POST", f"{v}/presign", request)
 
 
 async def _rank(
     rank: int,
     args: argparse.Namespace,
-    base: str,
-    token: str,
+    clients: list[RawClient],
     runs: list[int],
-    startup: Phase,
-    commits: Phase,
-    gates: tuple[asyncio.Event, asyncio.Event],
-    started: list[int],
+    phases: dict[str, Phase],
+    gates: list[asyncio.Event],
+    t0: list[float],
 ) -> None:
-    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-    headers = {"Authorization": f"Bearer {token}"}
-    async with httpx.AsyncClient(
-        base_url=base, headers=headers, limits=limits, timeout=60
-    ) as client:
-        await gates[0].wait()
-        v = "/v1/datasets/bench/versions/1"
-        for _ in range(args.restarts):
-            await _timed(client, startup, "GET", v)
-            cursor: str | None = None
-            keys: list[str] = []
-            while True:
-                params = {"limit": args.page_size} | ({"cursor": cursor} if cursor else {})
-                page = await _timed(client, startup, "GET", f"{v}/shards", params=params)
-                if page is None or page.status_code != 200:
-                    break
-                body = page.json()
-                keys += [s["key"] for s in body["items"]]
-                cursor = body["next_cursor"]
-                if not cursor:
-                    break
-            mine = keys[rank % args.ranks :: args.ranks][: args.presign] or keys[: args.presign]
-            if mine:  # (empty only when the index could not be read: already an error)
-                await _timed(client, startup, "POST", f"{v}/presign", json={"keys": mine})
-        run_id = runs[rank // RANKS_PER_NODE]
-        started.append(rank)
-        await gates[1].wait()  # every rank has finished start-up
-        for step in range(1, args.commits + 1):
-            state = {
-                "step": step * 100,
-                "epoch": 0,
-                "sample_in_epoch": step * 100 * 256,
-                "plan": {"p": 8},
-            }
-            await _timed(client, commits, "POST", f"/v1/runs/{run_id}/checkpoints", json=state)
+    client = clients[rank]
+    await gates[0].wait()  # saturated start-up: every rank at once, back to back
+    for _ in range(args.restarts):
+        await _start_up(client, rank, args, phases["start-up, saturated"], None)
+    phases["start-up, saturated"].done += 1
+    await gates[1].wait()  # paced start-up: start-ups arrive at --rate requests/s
+    per_s = args.rate / _requests_per_start_up(args)
+    for k in range(args.restarts):
+        due = t0[0] + (k * args.ranks + rank) / per_s
+        await asyncio.sleep(max(0.0, due - time.perf_counter()))
+        await _start_up(client, rank, args, phases[_paced(args)], due)
+    phases[_paced(args)].done += 1
+    await gates[2].wait()  # checkpoints: every rank of a node commits the same state
+    run_id = runs[rank // RANKS_PER_NODE]
+    for step in range(1, args.commits + 1):
+        state = {
+            "step": step * 100,
+            "epoch": 0,
+            "sample_in_epoch": step * 100 * 256,
+            "plan": {"p": 8},
+        }
+        body = json.dumps(state).encode()
+        await _timed(client, phases["checkpoints"], "POST", f"/v1/runs/{run_id}/checkpoints", body)
+    phases["checkpoints"].done += 1
+
+
+def _requests_per_start_up(args: argparse.Namespace) -> int:
+    return 2 + -(-args.shards // args.page_size)
+
+
+def _paced(args: argparse.Namespace) -> str:
+    return f"start-up at {args.rate:g}/s"
 
 
 def _cpu_seconds(root_pid: int | None, *, command: str | None = None) -> float:
@@ -213,27 +267,51 @@ def _seed(
     return token, runs
 
 
+CpuProbe = Callable[[], dict[str, float]]
+
+
 async def _load(
-    args: argparse.Namespace, base: str, token: str, runs: list[int]
-) -> tuple[Phase, Phase]:
-    startup, commits = Phase(), Phase()
-    gates = (asyncio.Event(), asyncio.Event())
-    started: list[int] = []
+    args: argparse.Namespace, port: int, token: str, runs: list[int], cpu: CpuProbe
+) -> dict[str, Phase]:
+    names = ["start-up, saturated", _paced(args), "checkpoints"]
+    phases = {name: Phase() for name in names}
+    gates = [asyncio.Event() for _ in names]
+    t0 = [0.0]
+    headers = {"Authorization": f"Bearer {token}"}
+    clients = [RawClient("127.0.0.1", port, headers) for _ in range(args.ranks)]
     tasks = [
-        asyncio.create_task(_rank(r, args, base, token, runs, startup, commits, gates, started))
+        asyncio.create_task(_rank(r, args, clients, runs, phases, gates, t0))
         for r in range(args.ranks)
     ]
-    await asyncio.sleep(0.2)  # let every task open its client first
-    t0 = time.perf_counter()
-    gates[0].set()
-    while len(started) < args.ranks and not any(t.done() for t in tasks):
-        await asyncio.sleep(0.002)
-    t1 = time.perf_counter()
-    startup.wall_s = t1 - t0
-    gates[1].set()
+    for name, gate in zip(names, gates, strict=True):
+        phase = phases[name]
+        before = cpu()
+        t0[0] = start = time.perf_counter()
+        gate.set()
+        while phase.done < args.ranks and not any(t.done() for t in tasks):
+            await asyncio.sleep(0.002)
+        phase.wall_s = time.perf_counter() - start
+        after = cpu()
+        n = max(1, len(phase.latencies))
+        phase.cpu_ms = {who: (after[who] - before[who]) * 1000 / n for who in before}
     await asyncio.gather(*tasks)
-    commits.wall_s = time.perf_counter() - t1
-    return startup, commits
+    for client in clients:
+        await client.close()
+    return phases
+
+
+def _wait_ready(server: subprocess.Popen[bytes], base: str) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if server.poll() is not None or time.monotonic() > deadline:
+            err = server.stderr.read().decode() if server.stderr else ""
+            raise RuntimeError(f"server did not start: {err}")
+        time.sleep(0.1)
 
 
 def run_backend(backend: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
@@ -242,63 +320,33 @@ def run_backend(backend: str, args: argparse.Namespace) -> dict[str, dict[str, f
     url, pg_name = _database(backend, tmp)
     port = _free_port()
     admin_token = "ss_bench_" + secrets.token_urlsafe(24)
-    workers = 1 if backend == "sqlite" else args.pg_workers
+    workers = args.sqlite_workers if backend == "sqlite" else args.pg_workers
     env = {
         **os.environ,
         "SHARDSTREAM_ADMIN_TOKEN": admin_token,
         "SHARDSTREAM_LOG_LEVEL": "WARNING",
         "SHARDSTREAM_DB_POOL_SIZE": "16",
     }
-    cmd = [
-        sys.executable,
-        "-m",
-        "shardstream",
-        "server",
-        "--database-url",
-        url,
-        "--port",
-        str(port),
-        "--data-dir",
-        str(tmp),
-        "--workers",
-        str(workers),
-    ]
+    cmd = [sys.executable, "-m", "shardstream", "server", "--database-url", url]
+    cmd += ["--port", str(port), "--data-dir", str(tmp), "--workers", str(workers)]
     server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                err = server.stderr.read().decode() if server.stderr else ""
-                raise RuntimeError(f"server did not start: {err}")
-            time.sleep(0.1)
-        token, runs = _seed(base, admin_token, tmp / "shards", args)
-        cpu0 = (
-            _cpu_seconds(server.pid),
-            _cpu_seconds(None, command="postgres"),
-            time.process_time(),
-        )
-        startup, commits = asyncio.run(_load(args, base, token, runs))
-        cpu1 = (
-            _cpu_seconds(server.pid),
-            _cpu_seconds(None, command="postgres"),
-            time.process_time(),
-        )
-        n = len(startup.latencies) + len(commits.latencies)
-        cpu = {
-            "server ms/req": (cpu1[0] - cpu0[0]) * 1000 / n,
-            "postgres ms/req": (cpu1[1] - cpu0[1]) * 1000 / n if backend != "sqlite" else 0.0,
-            "client ms/req": (cpu1[2] - cpu0[2]) * 1000 / n,
-        }
-        for name, phase in (("start-up", startup), ("checkpoints", commits)):
+        _wait_ready(server, f"http://127.0.0.1:{port}")
+        token, runs = _seed(f"http://127.0.0.1:{port}", admin_token, tmp / "shards", args)
+
+        def cpu() -> dict[str, float]:
+            seconds = {"server": _cpu_seconds(server.pid), "load generator": time.process_time()}
+            if backend != "sqlite":
+                seconds["postgres"] = _cpu_seconds(None, command="postgres")
+            return seconds
+
+        if uvloop is not None:
+            uvloop.install()
+        phases = asyncio.run(_load(args, port, token, runs, cpu))
+        for name, phase in phases.items():
             for kind, count in sorted(phase.error_kinds.items()):
                 print(f"{backend} {name} errors: {count} x {kind}", file=sys.stderr)
-        return {"start-up": startup.summary(), "checkpoints": commits.summary(), "cpu": cpu}
+        return {name: phase.summary() for name, phase in phases.items()}
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -313,28 +361,33 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=2000, help="shards in the version")
     parser.add_argument("--page-size", type=int, default=1000, help="shard index page size")
     parser.add_argument("--presign", type=int, default=32, help="URLs each rank presigns")
-    parser.add_argument("--restarts", type=int, default=3, help="start-ups per rank")
+    parser.add_argument("--restarts", type=int, default=3, help="start-ups per rank and phase")
+    parser.add_argument(
+        "--rate", type=float, default=1000, help="offered start-up requests/s of the paced phase"
+    )
     parser.add_argument("--commits", type=int, default=5, help="checkpoint commits per rank")
     parser.add_argument("--pg-workers", type=int, default=2, help="uvicorn workers on PostgreSQL")
+    parser.add_argument("--sqlite-workers", type=int, default=1, help="uvicorn workers on SQLite")
     parser.add_argument("--backends", default="sqlite,postgresql")
     args = parser.parse_args()
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     results = {b: run_backend(b, args) for b in backends}
     print(
         f"\nserver_load: {args.ranks} ranks, {args.shards} shards (pages of {args.page_size}), "
-        f"{args.restarts} start-ups + {args.commits} commits per rank, {os.cpu_count()} CPUs"
+        f"{args.restarts} start-ups per rank and phase, {args.commits} commits per rank, "
+        f"{os.cpu_count()} CPUs"
     )
-    metrics = ["requests", "req/s", "p50 ms", "p99 ms", "errors"]
-    header = f"{'phase':<12} {'metric':<16}" + "".join(f"{b:>14}" for b in backends)
+    header = f"{'phase':<22} {'metric':<26}" + "".join(f"{b:>12}" for b in backends)
     if len(backends) == 2:
-        header += f"{backends[1] + '/' + backends[0]:>22}"
+        header += f"{backends[1] + '/' + backends[0]:>20}"
     print(header)
-    for phase in ("start-up", "checkpoints", "cpu"):
-        for m in metrics if phase != "cpu" else list(results[backends[0]]["cpu"]):
-            vals = [results[b][phase][m] for b in backends]
-            line = f"{phase:<12} {m:<16}" + "".join(f"{v:>14.1f}" for v in vals)
+    for phase in results[backends[0]]:
+        metrics = dict.fromkeys(m for b in backends for m in results[b][phase])
+        for m in metrics:
+            vals = [results[b][phase].get(m, float("nan")) for b in backends]
+            line = f"{phase:<22} {m:<26}" + "".join(f"{v:>12.1f}" for v in vals)
             if len(vals) == 2:
-                line += f"{(vals[1] / vals[0] if vals[0] else float('nan')):>22.2f}"
+                line += f"{(vals[1] / vals[0] if vals[0] else float('nan')):>20.2f}"
             print(line)
 
 

@@ -15,7 +15,6 @@ from fastapi import FastAPI
 
 from shardstream import __version__
 from shardstream.server import handlers, migrate
-from shardstream.server.api.caching import ByteCache
 from shardstream.server.api.routes import datasets, health, runs, shards, tokens, versions
 from shardstream.server.auth import TokenCache
 from shardstream.server.config import Settings, get_settings
@@ -25,6 +24,7 @@ from shardstream.server.data import versions as versions_data
 from shardstream.server.db import WRITE_OPTION, make_engine, make_sessionmaker
 from shardstream.server.logs import configure_logging
 from shardstream.server.metrics import MetricsMiddleware, ServerMetrics, SQLiteWriteGate
+from shardstream.server.published import PublishedCache
 from shardstream.server.stores import StoreCache
 
 log = logging.getLogger("shardstream.server")
@@ -71,7 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.read_sessions = make_sessionmaker(reads)
     app.state.write_sessions = make_sessionmaker(engine.execution_options(**{WRITE_OPTION: True}))
     app.state.stores = StoreCache(public_endpoint_url=settings.s3_public_endpoint_url)
-    app.state.page_cache = ByteCache()
+    app.state.published = PublishedCache(settings.version_cache_s)
     metrics = ServerMetrics()
 
     def entity_counts() -> dict[str, dict[str, int]]:

@@ -48,6 +48,13 @@ class Settings(BaseSettings):
     token_cache_s: float = Field(
         default=5.0, ge=0, le=3600, description="how long an authenticated token is cached"
     )
+    version_cache_s: float = Field(
+        default=5.0,
+        ge=0,
+        le=3600,
+        description="how long a published version is served from memory before it is "
+        "checked again (a dataset deleted through another replica disappears after this)",
+    )
     migrate_on_start: bool = True
     db_pool_size: int = Field(default=16, ge=1, le=1000)
     log_level: str = "INFO"

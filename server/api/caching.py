@@ -1,25 +1,38 @@
-"""ETags and cache headers for immutable (published) versions."""
+"""ETags, cache headers and in-memory snapshots of immutable (published) versions."""
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-
 from fastapi import Request, Response
 
-from shardstream.server.models import VersionRow
+from shardstream.errors import ConflictError
+from shardstream.server.data import versions as versions_data
+from shardstream.server.published import PublishedCache, VersionSnapshot
 
 IMMUTABLE = "private, max-age=31536000, immutable"
 NO_STORE = "no-store"
 
 
-def version_etag(row: VersionRow, *parts: object) -> str | None:
-    """A strong ETag for a published version (plus page parameters); None for drafts."""
-    if row.status != "published" or row.published_at is None:
-        return None
-    stamp = int(row.published_at.timestamp() * 1_000_000)
-    suffix = "".join(f"-{p}" for p in parts)
-    return f'"v{row.id}.{stamp}{suffix}"'
+async def version_snapshot(request: Request, name: str, number: int) -> VersionSnapshot:
+    """Version ``number`` of ``name``: from memory when published, else from the database
+    (404 when there is no such version)."""
+    cache: PublishedCache = request.app.state.published
+    factory = request.app.state.read_sessions
+
+    def load() -> VersionSnapshot:
+        with factory() as session:
+            return versions_data.snapshot(versions_data.find(session, name, number), name)
+
+    return await cache.version(name, number, load)
+
+
+def published_only(version: VersionSnapshot, what: str) -> None:
+    """409 unless ``version`` is published."""
+    if not version.published:
+        raise ConflictError(
+            f"version {version.number} of {version.dataset!r} is {version.status}; {what} is "
+            "served for published versions only",
+            409,
+        )
 
 
 def not_modified(request: Request, etag: str | None) -> Response | None:
@@ -42,38 +55,3 @@ def set_cache_headers(response: Response, etag: str | None) -> None:
     else:
         response.headers["ETag"] = etag
         response.headers["Cache-Control"] = IMMUTABLE
-
-
-class ByteCache:
-    """A thread-safe LRU of immutable response bodies, bounded by total bytes.
-
-    Only content of published versions goes in (it never changes), keyed by its ETag;
-    every request still checks the version and the token before a cached body is used.
-    """
-
-    def __init__(self, max_bytes: int = 64 << 20) -> None:
-        self._items: OrderedDict[str, bytes] = OrderedDict()
-        self._bytes = 0
-        self._max = max_bytes
-        self._lock = threading.Lock()
-
-    def get(self, key: str) -> bytes | None:
-        """The cached body for ``key``, if any."""
-        with self._lock:
-            body = self._items.get(key)
-            if body is not None:
-                self._items.move_to_end(key)
-            return body
-
-    def put(self, key: str, body: bytes) -> None:
-        """Remember ``body`` (bodies larger than a quarter of the cache are not kept)."""
-        if len(body) > self._max // 4:
-            return
-        with self._lock:
-            if key in self._items:
-                return
-            self._items[key] = body
-            self._bytes += len(body)
-            while self._bytes > self._max:
-                _, old = self._items.popitem(last=False)
-                self._bytes -= len(old)

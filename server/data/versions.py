@@ -7,6 +7,7 @@ from sqlalchemy.orm import Session
 
 from shardstream.errors import ConflictError, NotFoundError, RequestValidationError
 from shardstream.server.models import DatasetRow, ShardRow, VersionRow, utcnow
+from shardstream.server.published import VersionSnapshot
 from shardstream.wire import (
     Page,
     ShardBatch,
@@ -50,6 +51,20 @@ def to_public(row: VersionRow, dataset: str) -> VersionPublic:
 
 
 _PUBLIC_COLUMNS = [c for c in VersionPublic.model_fields if c != "dataset"]
+
+
+def snapshot(row: VersionRow, dataset: str) -> VersionSnapshot:
+    """A detached copy of what the hot read routes serve (see :mod:`..published`)."""
+    published = row.published_at
+    return VersionSnapshot(
+        id=row.id,
+        dataset=dataset,
+        number=row.number,
+        status=row.status,
+        storage_root=row.storage_root,
+        published_us=int(published.timestamp() * 1_000_000) if published else None,
+        public_json=to_public(row, dataset).model_dump_json().encode(),
+    )
 
 
 def get(session: Session, dataset: DatasetRow, number: int, *, lock: bool = False) -> VersionRow:

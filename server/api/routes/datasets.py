@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Query, Request, Response, status
 
 from shardstream.server.api.deps import (
     ERRORS,
@@ -47,6 +47,7 @@ def get_dataset(name: DatasetName, session: SessionDep, who: Reader) -> DatasetP
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)
 def delete_dataset(
     name: DatasetName,
+    request: Request,
     session: SessionDep,
     who: Writer,
     force: Annotated[bool, Query(description="delete even while running runs read it")] = False,
@@ -54,4 +55,5 @@ def delete_dataset(
     """Delete a dataset's metadata (its stored shards stay); 409 while a run reads it."""
     who.require_dataset(name)
     data.delete_dataset(session, name, force=force)
+    request.app.state.published.forget_dataset(name)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

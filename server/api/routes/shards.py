@@ -3,28 +3,32 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session, sessionmaker
 
 from shardstream.errors import ConflictError
-from shardstream.server.api.caching import not_modified, set_cache_headers, version_etag
+from shardstream.server.api.caching import (
+    not_modified,
+    published_only,
+    set_cache_headers,
+    version_snapshot,
+)
 from shardstream.server.api.deps import (
     ERRORS,
     Cursor,
     DatasetName,
     Reader,
-    SessionDep,
     SettingsDep,
     VersionNumber,
 )
 from shardstream.server.data import shards as data
-from shardstream.server.data import versions as versions_data
-from shardstream.server.models import VersionRow, utcnow
 from shardstream.server.stores import presign
 from shardstream.wire import Page, PresignRequest, PresignResponse, ShardRecord
 
@@ -35,41 +39,30 @@ router = APIRouter(
 ShardLimit = Annotated[int, Query(ge=1, le=10_000, description="shards per page")]
 
 
-def _published(session: Session, name: str, number: int, what: str) -> VersionRow:
-    row = versions_data.find(session, name, number)
-    if row.status != "published":
-        raise ConflictError(
-            f"version {number} of {name!r} is {row.status}; {what} is served for published "
-            "versions only",
-            409,
-        )
-    return row
-
-
 @router.get("/shards", response_model=Page[ShardRecord])
-def list_shards(
+async def list_shards(
     *,
     name: DatasetName,
     number: VersionNumber,
     request: Request,
-    session: SessionDep,
     who: Reader,
     cursor: Cursor = None,
     limit: ShardLimit = 1000,
 ) -> Any:
     """One page of the shard index in shard order (keyset pages; cacheable once published)."""
     who.require_dataset(name)
-    row = versions_data.find(session, name, number)
-    etag = version_etag(row, cursor or 0, limit)
+    version = await version_snapshot(request, name, number)
+    etag = version.etag(cursor or 0, limit)
     cached = not_modified(request, etag)
     if cached is not None:
         return cached
-    pages = request.app.state.page_cache
-    body = pages.get(etag) if etag is not None else None
-    if body is None:
-        body = data.page_json(session, row.id, cursor=cursor, limit=limit)
-        if etag is not None:
-            pages.put(etag, body)
+    factory = request.app.state.read_sessions
+
+    def load() -> bytes:
+        with factory() as session:
+            return data.page_json(session, version.id, cursor=cursor, limit=limit)
+
+    body = await request.app.state.published.page(etag, load)
     out = Response(content=body, media_type="application/json")
     set_cache_headers(out, etag)
     return out
@@ -92,37 +85,43 @@ def _stream_index(factory: sessionmaker[Session], version_id: int) -> Iterator[b
     response_class=StreamingResponse,
     responses={200: {"content": {"application/json": {}}, "description": "MDS index.json"}},
 )
-def mds_index(
-    name: DatasetName, number: VersionNumber, request: Request, session: SessionDep, who: Reader
+async def mds_index(
+    name: DatasetName, number: VersionNumber, request: Request, who: Reader
 ) -> Response:
     """The version as an MDS ``index.json`` (streamed, never built whole in memory)."""
     who.require_dataset(name)
-    row = _published(session, name, number, "index.json")
-    if data.missing_mds(session, row.id):
+    version = await version_snapshot(request, name, number)
+    published_only(version, "index.json")
+    etag = version.etag("index")
+    cached = not_modified(request, etag)
+    if cached is not None:
+        return cached
+    factory = request.app.state.read_sessions
+
+    def missing() -> bool:
+        with factory() as session:
+            return data.missing_mds(session, version.id)
+
+    if await run_in_threadpool(missing):
         raise ConflictError(
             f"version {number} of {name!r} was registered without MDS index entries; page "
             "through /shards instead",
             409,
         )
-    etag = version_etag(row, "index")
-    cached = not_modified(request, etag)
-    if cached is not None:
-        return cached
     response = StreamingResponse(
-        _stream_index(request.app.state.sessionmaker, row.id), media_type="application/json"
+        _stream_index(request.app.state.sessionmaker, version.id), media_type="application/json"
     )
     set_cache_headers(response, etag)
     return response
 
 
 @router.post("/presign")
-def presign_urls(
+async def presign_urls(
     *,
     name: DatasetName,
     number: VersionNumber,
     body: PresignRequest,
     request: Request,
-    session: SessionDep,
     who: Reader,
     settings: SettingsDep,
 ) -> PresignResponse:
@@ -132,9 +131,18 @@ def presign_urls(
     server's machine or a shared file system).
     """
     who.require_dataset(name)
-    row = _published(session, name, number, "presigned URLs")
-    data.require_keys(session, row.id, body.keys)
+    version = await version_snapshot(request, name, number)
+    published_only(version, "presigned URLs")
     expires_s = min(body.expires_s or settings.presign_expires_s, settings.presign_expires_s)
-    store = request.app.state.stores.get(row.storage_root, for_clients=True)
-    urls = presign(store, list(dict.fromkeys(body.keys)), expires_s)
-    return PresignResponse(urls=urls, expires_at=utcnow() + timedelta(seconds=expires_s))
+    factory = request.app.state.read_sessions
+    stores = request.app.state.stores
+
+    def sign(keys: list[str]) -> tuple[dict[str, str], float]:
+        with factory() as session:
+            data.require_keys(session, version.id, keys)
+        until = time.time() + expires_s
+        return presign(stores.get(version.storage_root, for_clients=True), keys, expires_s), until
+
+    keys = list(dict.fromkeys(body.keys))
+    urls, until = await request.app.state.published.urls(version.id, keys, expires_s, sign)
+    return PresignResponse(urls=urls, expires_at=datetime.fromtimestamp(until, UTC))

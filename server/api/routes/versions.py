@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response, status
 
 from shardstream.errors import ConflictError
-from shardstream.server.api.caching import not_modified, set_cache_headers, version_etag
+from shardstream.server.api.caching import not_modified, set_cache_headers, version_snapshot
 from shardstream.server.api.deps import (
     ERRORS,
     Cursor,
@@ -66,24 +66,19 @@ def latest_version(name: DatasetName, session: SessionDep, who: Reader) -> Any:
 
 
 @router.get("/{number}", response_model=VersionPublic)
-def get_version(
-    *,
-    name: DatasetName,
-    number: VersionNumber,
-    request: Request,
-    response: Response,
-    session: SessionDep,
-    who: Reader,
+async def get_version(
+    *, name: DatasetName, number: VersionNumber, request: Request, who: Reader
 ) -> Any:
     """One version; published versions carry an ETag and answer 304 to If-None-Match."""
     who.require_dataset(name)
-    row = data.find(session, name, number)
-    etag = version_etag(row)
+    version = await version_snapshot(request, name, number)
+    etag = version.etag()
     cached = not_modified(request, etag)
     if cached is not None:
         return cached
+    response = Response(content=version.public_json, media_type="application/json")
     set_cache_headers(response, etag)
-    return data.to_public(row, name)
+    return response
 
 
 @router.patch("/{number}")
