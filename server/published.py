@@ -19,15 +19,16 @@ requests cost no query and no thread hop.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from starlette.concurrency import run_in_threadpool
+
+from shardstream.server.singleflight import SingleFlight
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
@@ -43,6 +44,7 @@ class VersionSnapshot:
     status: str
     storage_root: str
     published_us: int | None  # publication time in microseconds (part of the ETag)
+    num_shards: int
     public_json: bytes  # the ``VersionPublic`` body
 
     @property
@@ -55,30 +57,6 @@ class VersionSnapshot:
             return None
         suffix = "".join(f"-{p}" for p in parts)
         return f'"v{self.id}.{self.published_us}{suffix}"'
-
-
-class SingleFlight(Generic[K, T]):
-    """Run ``load`` once per key at a time; concurrent callers share its result.
-
-    The load runs as its own task, so a caller that goes away (a client disconnecting)
-    cancels only its own wait, never the load the others are waiting for.
-    """
-
-    def __init__(self) -> None:
-        self._pending: dict[K, asyncio.Future[T]] = {}
-
-    async def run(self, key: K, load: Callable[[], Awaitable[T]]) -> T:
-        task = self._pending.get(key)
-        if task is None:
-            task = asyncio.ensure_future(load())
-            self._pending[key] = task
-            task.add_done_callback(lambda done: self._done(key, done))
-        return await asyncio.shield(task)
-
-    def _done(self, key: K, task: asyncio.Future[T]) -> None:
-        del self._pending[key]
-        if not task.cancelled():
-            task.exception()  # retrieved: no warning when every waiter went away
 
 
 class _LRU(Generic[K, T]):
@@ -154,6 +132,7 @@ class PublishedCache:
         max_versions: int = 4096,
         max_page_bytes: int = 64 << 20,
         max_urls: int = 65_536,
+        max_keys: int = 1_000_000,
     ) -> None:
         self._ttl = ttl_s
         self._versions: _LRU[tuple[str, int], tuple[VersionSnapshot, float]] = _LRU(max_versions)
@@ -161,6 +140,11 @@ class PublishedCache:
         self.pages = ByteCache(max_page_bytes)
         self._page_flight: SingleFlight[str, bytes] = SingleFlight()
         self._urls: _LRU[tuple[int, str], tuple[str, float]] = _LRU(max_urls)
+        self._keys: OrderedDict[int, frozenset[str]] = OrderedDict()
+        self._key_count = 0
+        self._max_keys = max_keys
+        self._keys_lock = threading.Lock()
+        self._key_flight: SingleFlight[int, frozenset[str]] = SingleFlight()
 
     async def version(
         self, dataset: str, number: int, load: Callable[[], VersionSnapshot]
@@ -198,6 +182,32 @@ class PublishedCache:
 
         return await self._page_flight.run(etag, fetch)
 
+    async def keys(
+        self, version: VersionSnapshot, load: Callable[[], frozenset[str]]
+    ) -> frozenset[str] | None:
+        """Every shard key of a published version (``load`` in the thread pool on a miss);
+        None for drafts and for versions too large to keep (``max_keys`` in all)."""
+        if not version.published or version.num_shards > self._max_keys // 4:
+            return None
+        with self._keys_lock:
+            hit = self._keys.get(version.id)
+            if hit is not None:
+                self._keys.move_to_end(version.id)
+                return hit
+
+        async def fetch() -> frozenset[str]:
+            loaded = await run_in_threadpool(load)
+            with self._keys_lock:
+                if version.id not in self._keys:
+                    self._keys[version.id] = loaded
+                    self._key_count += len(loaded)
+                while self._key_count > self._max_keys:
+                    _, old = self._keys.popitem(last=False)
+                    self._key_count -= len(old)
+            return loaded
+
+        return await self._key_flight.run(version.id, fetch)
+
     async def urls(
         self,
         version_id: int,
@@ -208,7 +218,8 @@ class PublishedCache:
         """URLs for ``keys`` and the time (epoch seconds) the first of them expires.
 
         A cached URL is reused while at least half of ``expires_s`` is left; ``sign``
-        (run in the thread pool) checks and signs the rest and returns their expiry.
+        (run in the thread pool) signs the rest and returns their expiry. The caller has
+        checked that ``keys`` belong to the version.
         """
         now = time.time()
         urls: dict[str, str] = {}

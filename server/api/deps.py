@@ -20,6 +20,7 @@ from shardstream.server.auth import (
 from shardstream.server.config import Settings
 from shardstream.server.data import tokens as tokens_data
 from shardstream.server.models import TokenRow, utcnow
+from shardstream.server.singleflight import SingleFlight
 from shardstream.wire import NAME_PATTERN, ErrorResponse, Scope
 
 
@@ -93,9 +94,14 @@ async def get_principal(request: Request, settings: SettingsDep) -> Principal:
         with factory() as session:
             return tokens_data.find(session, secret)
 
-    principal = principal_for(await run_in_threadpool(lookup), now)
-    cache.put(key, principal)
-    return principal
+    async def authenticate() -> Principal:
+        found = principal_for(await run_in_threadpool(lookup), now)
+        cache.put(key, found)
+        return found
+
+    # Every rank of a starting job presents the same token at once: one lookup for all.
+    lookups: SingleFlight[str, Principal] = request.app.state.token_lookups
+    return await lookups.run(key, authenticate)
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal, scope="function")]

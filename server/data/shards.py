@@ -7,7 +7,7 @@ A 100k-shard index is never loaded whole: pages are keyset ranges over the prima
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Set
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -113,6 +113,11 @@ def missing_mds(session: Session, version_id: int) -> bool:
     return found is not None
 
 
+def all_keys(session: Session, version_id: int) -> frozenset[str]:
+    """Every shard key of the version."""
+    return frozenset(session.scalars(select(ShardRow.key).where(ShardRow.version_id == version_id)))
+
+
 def require_keys(session: Session, version_id: int, keys: list[str]) -> None:
     """Raise 404 naming the first of ``keys`` that is not a shard of the version."""
     wanted = set(keys)
@@ -126,6 +131,11 @@ def require_keys(session: Session, version_id: int, keys: list[str]) -> None:
                 )
             )
         )
-    missing = [k for k in keys if k not in found]
-    if missing:
-        raise NotFoundError(f"shard key {missing[0]!r} is not part of this version", 404)
+    require_known(keys, found)
+
+
+def require_known(keys: list[str], known: Set[str]) -> None:
+    """Raise 404 naming the first of ``keys`` that is not in ``known`` (a version's keys)."""
+    for key in keys:
+        if key not in known:
+            raise NotFoundError(f"shard key {key!r} is not part of this version", 404)

@@ -63,6 +63,7 @@ def snapshot(row: VersionRow, dataset: str) -> VersionSnapshot:
         status=row.status,
         storage_root=row.storage_root,
         published_us=int(published.timestamp() * 1_000_000) if published else None,
+        num_shards=row.num_shards,
         public_json=to_public(row, dataset).model_dump_json().encode(),
     )
 

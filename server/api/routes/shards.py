@@ -136,13 +136,24 @@ async def presign_urls(
     expires_s = min(body.expires_s or settings.presign_expires_s, settings.presign_expires_s)
     factory = request.app.state.read_sessions
     stores = request.app.state.stores
-
-    def sign(keys: list[str]) -> tuple[dict[str, str], float]:
-        with factory() as session:
-            data.require_keys(session, version.id, keys)
-        until = time.time() + expires_s
-        return presign(stores.get(version.storage_root, for_clients=True), keys, expires_s), until
-
+    cache = request.app.state.published
     keys = list(dict.fromkeys(body.keys))
-    urls, until = await request.app.state.published.urls(version.id, keys, expires_s, sign)
+
+    def load_keys() -> frozenset[str]:
+        with factory() as session:
+            return data.all_keys(session, version.id)
+
+    known = await cache.keys(version, load_keys)
+
+    def sign(missing: list[str]) -> tuple[dict[str, str], float]:
+        if known is None:  # a version too large to keep its keys in memory
+            with factory() as session:
+                data.require_keys(session, version.id, missing)
+        until = time.time() + expires_s
+        store = stores.get(version.storage_root, for_clients=True)
+        return presign(store, missing, expires_s), until
+
+    if known is not None:
+        data.require_known(keys, known)
+    urls, until = await cache.urls(version.id, keys, expires_s, sign)
     return PresignResponse(urls=urls, expires_at=datetime.fromtimestamp(until, UTC))
