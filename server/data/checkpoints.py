@@ -40,12 +40,16 @@ def commit(
 ) -> tuple[CheckpointPublic, CommitResult]:
     """Commit ``body`` at its step.
 
-    The run row is locked (PostgreSQL ``FOR UPDATE``) so concurrent commits of one run
-    are serialized. Re-committing a step with the same state returns it unchanged; with a
-    different state, or a step below the latest, is a 409.
+    A step's state never changes, so a replay (every rank of a job commits the same step)
+    is answered from the stored row without a lock. A new step locks the run row
+    (PostgreSQL ``FOR UPDATE``) so concurrent commits of one run are serialized.
+    Re-committing a step with the same state returns it unchanged; with a different
+    state, or a step below the latest, is a 409.
     """
-    run = runs_data.get(session, run_id, lock=True)
     existing = session.get(CheckpointRow, (run_id, body.step))
+    if existing is None:
+        run = runs_data.get(session, run_id, lock=True)
+        existing = session.get(CheckpointRow, (run_id, body.step))  # committed meanwhile?
     if existing is not None:
         if _same_state(existing, body):
             return to_public(existing), CommitResult.unchanged
