@@ -1,0 +1,99 @@
+"""The run and checkpoint methods of :class:`~shardstream.api_client.APIClient`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from shardstream.errors import NotFoundError
+from shardstream.wire import (
+    CheckpointCreate,
+    CheckpointPublic,
+    RunCreate,
+    RunPublic,
+    RunSource,
+    RunStatus,
+    RunUpdate,
+)
+
+from ._session import APISession, json_body
+
+
+class RunsAPI(APISession):
+    """Register runs, set their status, commit and read their checkpoints."""
+
+    def create_run(
+        self,
+        sources: Sequence[RunSource | tuple[str, int] | tuple[str, int, float]],
+        *,
+        global_batch_size: int,
+        seed: int = 0,
+        plan: Mapping[str, Any] | None = None,
+        name: str | None = None,
+    ) -> RunPublic:
+        """Register a run reading ``sources`` ((dataset, version[, weight]) or RunSource)."""
+        srcs = [_source(s) for s in sources]
+        body = RunCreate(
+            name=name,
+            sources=srcs,
+            seed=seed,
+            global_batch_size=global_batch_size,
+            plan=dict(plan or {}),
+        )
+        return self._model(RunPublic, self.request("POST", "/v1/runs", json=json_body(body)))
+
+    def get_run(self, run_id: int) -> RunPublic:
+        """One run."""
+        return self._model(RunPublic, self.request("GET", f"/v1/runs/{run_id}"))
+
+    def list_runs(self, *, page_size: int = 100) -> Iterator[RunPublic]:
+        """Every run the token may read."""
+        return self._pages("/v1/runs", RunPublic, limit=page_size)
+
+    def set_run_status(self, run_id: int, status: RunStatus | str) -> RunPublic:
+        """Mark a run completed, failed, cancelled (or running again)."""
+        body = RunUpdate(status=RunStatus(status))
+        return self._model(
+            RunPublic, self.request("PATCH", f"/v1/runs/{run_id}", json=json_body(body))
+        )
+
+    def commit_checkpoint(
+        self,
+        run_id: int,
+        *,
+        step: int,
+        epoch: int,
+        sample_in_epoch: int,
+        plan: Mapping[str, Any] | None = None,
+    ) -> CheckpointPublic:
+        """Commit the data position at ``step`` (same state again is a no-op; else 409)."""
+        body = CheckpointCreate(
+            step=step, epoch=epoch, sample_in_epoch=sample_in_epoch, plan=dict(plan or {})
+        )
+        path = f"/v1/runs/{run_id}/checkpoints"
+        return self._model(CheckpointPublic, self.request("POST", path, json=json_body(body)))
+
+    def get_checkpoint(self, run_id: int, step: int) -> CheckpointPublic:
+        """The checkpoint at ``step`` (NotFoundError if none)."""
+        path = f"/v1/runs/{run_id}/checkpoints/{step}"
+        return self._model(CheckpointPublic, self.request("GET", path))
+
+    def latest_checkpoint(self, run_id: int) -> CheckpointPublic | None:
+        """The newest checkpoint, or None when the run has none yet."""
+        try:
+            path = f"/v1/runs/{run_id}/checkpoints/latest"
+            return self._model(CheckpointPublic, self.request("GET", path))
+        except NotFoundError:
+            self.get_run(run_id)  # a missing run is still an error
+            return None
+
+    def list_checkpoints(self, run_id: int, *, page_size: int = 100) -> Iterator[CheckpointPublic]:
+        """A run's checkpoints by step."""
+        return self._pages(f"/v1/runs/{run_id}/checkpoints", CheckpointPublic, limit=page_size)
+
+
+def _source(spec: RunSource | tuple[str, int] | tuple[str, int, float]) -> RunSource:
+    if isinstance(spec, RunSource):
+        return spec
+    weight = float(spec[2]) if len(spec) > 2 else 1.0
+    return RunSource(dataset=spec[0], version=spec[1], weight=weight)

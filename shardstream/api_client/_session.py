@@ -1,0 +1,165 @@
+"""The transport core every resource method goes through.
+
+One ``httpx.Client`` per :class:`APISession`; :meth:`APISession.request` retries connection
+errors, timeouts and 502/503/504 with jittered exponential backoff and translates every other
+error status into its :mod:`shardstream.errors` class; GET answers with an ETag are cached in
+memory and revalidated with ``If-None-Match``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from shardstream.errors import (
+    APIError,
+    AuthenticationError,
+    ConfigError,
+    ConflictError,
+    NotFoundError,
+    PermissionDeniedError,
+    RequestValidationError,
+    ServerUnavailableError,
+)
+
+M = TypeVar("M", bound=BaseModel)
+
+_ERRORS: dict[int, type[APIError]] = {
+    401: AuthenticationError,
+    403: PermissionDeniedError,
+    404: NotFoundError,
+    409: ConflictError,
+    422: RequestValidationError,
+}
+_RETRY_STATUS = {502, 503, 504}
+_MAX_CACHED = 4096
+
+
+class APISession:
+    """A connection pool to the server with retries, error translation and an ETag cache."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retries: int = 5,
+        backoff_s: float = 0.2,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        base_url = base_url or os.environ.get("SHARDSTREAM_SERVER")
+        if not base_url:
+            raise ConfigError(
+                "no server URL: pass base_url or set SHARDSTREAM_SERVER (e.g. http://127.0.0.1:8470)"
+            )
+        self.base_url = base_url.rstrip("/")
+        token = token if token is not None else os.environ.get("SHARDSTREAM_TOKEN")
+        headers = {"User-Agent": "shardstream-api-client"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
+        )
+        self._retries = retries
+        self._backoff_s = backoff_s
+        self._etags: dict[str, tuple[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        ok: tuple[int, ...] = (200, 201, 204),
+    ) -> httpx.Response:
+        """Send a request with retries; raise the mapped APIError for an error status."""
+        clean = {k: v for k, v in (params or {}).items() if v is not None}
+        last: Exception | None = None
+        for attempt in range(self._retries + 1):
+            if attempt:
+                time.sleep(min(5.0, self._backoff_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1))
+            try:
+                response = self._http.request(
+                    method, path, json=json, params=clean, headers=headers
+                )
+            except httpx.TransportError as exc:
+                last = exc
+                continue
+            if response.status_code in _RETRY_STATUS and attempt < self._retries:
+                last = None
+                continue
+            if response.status_code in ok or response.status_code == 304:
+                return response
+            raise _error_from(method, path, response)
+        where = f"{method} {self.base_url}{path}"
+        raise ServerUnavailableError(
+            f"{where}: the server did not answer after {self._retries + 1} attempts"
+            + (f" ({type(last).__name__}: {last})" if last else "; check it is running"),
+            0,
+        ) from last
+
+    def _get_json(self, path: str, params: Mapping[str, Any] | None = None) -> Any:
+        cache_key = path + "?" + "&".join(f"{k}={v}" for k, v in sorted((params or {}).items()))
+        with self._lock:
+            cached = self._etags.get(cache_key)
+        if cached is None:
+            response = self.request("GET", path, params=params)
+        else:
+            response = self.request(
+                "GET", path, params=params, headers={"If-None-Match": cached[0]}
+            )
+            if response.status_code == 304:
+                return cached[1]
+        body = response.json()
+        etag = response.headers.get("etag")
+        if etag:
+            with self._lock:
+                if len(self._etags) >= _MAX_CACHED:
+                    self._etags.pop(next(iter(self._etags)))
+                self._etags[cache_key] = (etag, body)
+        return body
+
+    def _model(self, model: type[M], response: httpx.Response) -> M:
+        return model.model_validate(response.json())
+
+    def _pages(
+        self, path: str, model: type[M], *, limit: int, params: Mapping[str, Any] | None = None
+    ) -> Iterator[M]:
+        cursor: str | None = None
+        while True:
+            body = self._get_json(path, {**(params or {}), "cursor": cursor, "limit": limit})
+            for item in body["items"]:
+                yield model.model_validate(item)
+            cursor = body.get("next_cursor")
+            if not cursor:
+                return
+
+
+def json_body(model: BaseModel) -> Any:
+    """``model`` as the JSON-ready value a request sends."""
+    return model.model_dump(mode="json", exclude_none=False)
+
+
+def _error_from(method: str, path: str, response: httpx.Response) -> APIError:
+    try:
+        detail = str(response.json().get("detail", "")) or response.text
+    except ValueError:
+        detail = response.text[:500]
+    status = response.status_code
+    cls = _ERRORS.get(status, ServerUnavailableError if status >= 500 else APIError)
+    return cls(f"{method} {path}: {status} {detail}", status)

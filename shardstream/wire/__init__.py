@@ -1,0 +1,76 @@
+"""The wire schema: pydantic models shared by the metadata server and the SDK.
+
+One schema family per entity (``ThingCreate`` for requests, ``ThingPublic`` for responses),
+separate from the server's table models, so the server and every client agree on one
+definition. Importing this package needs only pydantic (no server extra).
+
+Validation that protects the server lives here too: names match
+``[a-z0-9][a-z0-9._-]{0,127}`` and shard keys are relative ``/``-separated paths that can
+never escape a version's storage root.
+
+Import everything from here; the private modules hold the field types and validators
+(``_fields``), datasets, versions, shards and presigned URLs (``_datasets``), runs and
+checkpoints (``_runs``), tokens (``_tokens``) and the entity-less responses (``_responses``).
+"""
+
+from __future__ import annotations
+
+from ._datasets import (
+    MAX_PRESIGN_KEYS,
+    MAX_SHARDS_PER_BATCH,
+    DatasetCreate,
+    DatasetPublic,
+    PresignRequest,
+    PresignResponse,
+    ShardBatch,
+    ShardBatchResult,
+    ShardRecord,
+    VersionCreate,
+    VersionPublic,
+    VersionStatus,
+    VersionUpdate,
+)
+from ._fields import NAME_PATTERN, check_name, check_shard_key
+from ._responses import ErrorResponse, Health, Page
+from ._runs import (
+    CheckpointCreate,
+    CheckpointPublic,
+    RunCreate,
+    RunPublic,
+    RunSource,
+    RunStatus,
+    RunUpdate,
+)
+from ._tokens import Scope, TokenCreate, TokenPublic
+
+__all__ = [
+    "MAX_PRESIGN_KEYS",
+    "MAX_SHARDS_PER_BATCH",
+    "NAME_PATTERN",
+    "CheckpointCreate",
+    "CheckpointPublic",
+    "DatasetCreate",
+    "DatasetPublic",
+    "ErrorResponse",
+    "Health",
+    "Page",
+    "PresignRequest",
+    "PresignResponse",
+    "RunCreate",
+    "RunPublic",
+    "RunSource",
+    "RunStatus",
+    "RunUpdate",
+    "Scope",
+    "ShardBatch",
+    "ShardBatchResult",
+    "ShardRecord",
+    "TokenCreate",
+    "TokenPublic",
+    "VersionCreate",
+    "VersionPublic",
+    "VersionStatus",
+    "VersionUpdate",
+    "check_name",
+    "check_shard_key",
+]

@@ -1,0 +1,100 @@
+"""Field types and their validators, and the two bases every wire model builds on.
+
+Names match ``[a-z0-9][a-z0-9._-]{0,127}``; shard keys are relative ``/``-separated paths
+that can never escape a version's storage root; text and JSON refuse what PostgreSQL cannot
+store (NUL characters, NaN and infinities).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,127}$"
+_NAME_RE = re.compile(NAME_PATTERN)
+MAX_INT = 2**62  # fits a signed 64-bit column with room to spare
+MAX_KEY_LENGTH = 1024
+
+
+def check_name(value: str) -> str:
+    """Return ``value`` if it is a valid dataset/run/token name, else raise ValueError."""
+    if not _NAME_RE.fullmatch(value):
+        raise ValueError(
+            f"invalid name {value!r}: use 1-128 characters from a-z, 0-9, '.', '_', '-', "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+def check_shard_key(key: str) -> str:
+    """Return ``key`` if it is a safe relative object key, else raise ValueError.
+
+    A safe key is a ``/``-separated relative path without empty, ``.`` or ``..`` segments,
+    backslashes or control characters, so joining it to a storage root can never leave it.
+    """
+    if not key or len(key) > MAX_KEY_LENGTH:
+        raise ValueError(f"shard key must be 1-{MAX_KEY_LENGTH} characters, got {len(key)}")
+    if key.startswith("/") or "\\" in key or any(ord(c) < 32 or ord(c) == 127 for c in key):
+        raise ValueError(
+            f"shard key {key!r} must be a relative '/'-separated path without backslashes "
+            "or control characters"
+        )
+    if any(part in ("", ".", "..") for part in key.split("/")):
+        raise ValueError(
+            f"shard key {key!r} has an empty, '.' or '..' segment; keys cannot leave the "
+            "version's storage root"
+        )
+    if ":" in key.split("/", 1)[0]:
+        raise ValueError(f"shard key {key!r} looks like a URL; give a key relative to the root")
+    return key
+
+
+def check_text(value: str) -> str:
+    """Return ``value`` unless it holds a NUL character (ValueError)."""
+    # PostgreSQL text cannot hold NUL; refuse it here rather than fail in the database.
+    if "\x00" in value:
+        raise ValueError("text must not contain NUL characters")
+    return value
+
+
+def _check_json(value: Any) -> Any:
+    """Refuse JSON values a database cannot store (NaN/inf, NUL characters)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("JSON numbers must be finite (no NaN or Infinity)")
+    if isinstance(value, str):
+        check_text(value)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            check_text(k)
+            _check_json(v)
+    elif isinstance(value, list):
+        for v in value:
+            _check_json(v)
+    return value
+
+
+Name = Annotated[
+    str,
+    Field(min_length=1, max_length=128, json_schema_extra={"pattern": NAME_PATTERN}),
+    AfterValidator(check_name),
+]
+ShardKey = Annotated[str, AfterValidator(check_shard_key)]
+Text = Annotated[str, Field(max_length=10_000), AfterValidator(check_text)]
+JSONObject = Annotated[dict[str, Any], AfterValidator(_check_json)]
+Count = Annotated[int, Field(ge=0, le=MAX_INT)]
+
+
+class StrictModel(BaseModel):
+    """Base of requests (and shard records): unknown fields and NaN/inf are refused."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class PublicModel(BaseModel):
+    """Base of responses read from table rows."""
+
+    # Responses ignore unknown fields so an older SDK keeps working against a newer server.
+    model_config = ConfigDict(from_attributes=True, extra="ignore")
