@@ -5,19 +5,25 @@ Kept apart so that reading an ``index.json`` URL never needs the server or its c
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shardstream.api_client import APIClient
+from shardstream.client.index_cache import cached_index
 from shardstream.client.options import ServerOptions, Source
 from shardstream.client.source import ResolvedSource
 from shardstream.errors import ConfigError, ResumeError
-from shardstream.mds import load_index
+from shardstream.mds import index_from_json
 from shardstream.storage import HTTPStore, ObjectStore
+from shardstream.wire import VersionStatus
 
 if TYPE_CHECKING:
     from shardstream.client.dataset import StreamingDataset
 
 __all__ = ["commit_checkpoint", "load_checkpoint", "presigning_store", "resolve_named"]
+
+_PAGE = 10_000  # shards per index page (the server's maximum)
 
 
 def _client(url: str, token: str | None) -> APIClient:
@@ -38,20 +44,29 @@ def parse_name(uri: str) -> tuple[str, int | None]:
         ) from None
 
 
-def resolve_named(source: Source, server: ServerOptions) -> ResolvedSource:
-    """Pin a server dataset to its version, with the shard keys and the MDS index."""
+def resolve_named(source: Source, server: ServerOptions, cache_root: Path) -> ResolvedSource:
+    """Pin a server dataset to its version, with the shard keys and the MDS index.
+
+    The index comes from the node's cache when a process on this node has read the
+    version before (see :mod:`~shardstream.client.index_cache`); otherwise from the
+    server's paged shard index, once per node.
+    """
     url, token = server.resolved_url(), server.resolved_token()
     name, number = parse_name(source.uri)
     with _client(url, token) as api:
         version = api.latest_version(name) if number is None else api.get_version(name, number)
-        index = load_index(api.index_json(name, version.number))
-        records = sorted(api.iter_shards(name, version.number), key=lambda r: r.index)
-    keys = [record.key for record in records]
-    if len(keys) != len(index.shards):
-        raise ConfigError(
-            f"dataset {name}@{version.number}: the server lists {len(keys)} shards but its "
-            f"index.json {len(index.shards)}; the version is inconsistent, ask its owner"
-        )
+        if version.status is not VersionStatus.published or version.published_at is None:
+            raise ConfigError(
+                f"dataset {name}@{version.number} is {version.status.value}; only "
+                "published versions can be read (publish it, or name a published version)"
+            )
+        identity = "\0".join([url, name, str(version.number), version.published_at.isoformat()])
+        raw = cached_index(cache_root, identity, lambda: _download_index(api, name, version.number))
+    where = f"dataset {name}@{version.number}"
+    obj = json.loads(raw)
+    index, keys = index_from_json(obj, where), obj.get("keys")
+    if not isinstance(keys, list) or len(keys) != len(index.shards):
+        raise ConfigError(f"{where}: the cached index in {cache_root} is damaged; delete it")
     # Presigned URLs exist for object stores; a server keeping shards in a local folder
     # (the laptop default) hands out that folder, which this node reads directly.
     local_root = version.storage_root if _is_local(version.storage_root) else None
@@ -65,6 +80,20 @@ def resolve_named(source: Source, server: ServerOptions) -> ResolvedSource:
         dataset=name,
         token=token,
     )
+
+
+def _download_index(api: APIClient, name: str, number: int) -> bytes:
+    """The version's MDS index plus its shard keys, from the paged shard index."""
+    records = sorted(api.iter_shards(name, number, page_size=_PAGE), key=lambda r: r.index)
+    missing = next((r for r in records if r.mds is None), None)
+    if missing is not None:
+        raise ConfigError(
+            f"dataset {name}@{number}: shard {missing.key!r} was registered without its MDS "
+            "index entry, which readers need; register the dataset from its index.json "
+            "(shardstream register)"
+        )
+    index = {"version": 2, "shards": [r.mds for r in records], "keys": [r.key for r in records]}
+    return json.dumps(index, separators=(",", ":")).encode()
 
 
 def _is_local(root: str) -> bool:

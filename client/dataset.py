@@ -93,7 +93,8 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             raise ConfigError("StreamingDataset needs at least one source")
         specs = [s if isinstance(s, Source) else Source(s) for s in items]
         self.server = server
-        self.resolved: list[ResolvedSource] = [resolve_source(s, server) for s in specs]
+        cache = cache or CacheOptions()
+        self.resolved: list[ResolvedSource] = [resolve_source(s, server, cache.root) for s in specs]
         columns = ColumnSpec(
             [(r.source.uri, r.shards[0]) for r in self.resolved], decode or DecodeOptions()
         )
@@ -103,7 +104,7 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             batch_size,
             topology=self.topology,
             plan=plan or PlanOptions(),
-            cache=cache or CacheOptions(),
+            cache=cache,
             spec=columns,
             transform=transform,
         )

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shardstream.client.options import ServerOptions, Source
+from shardstream.client.options import CacheOptions, ServerOptions, Source
 from shardstream.errors import ConfigError, ObjectNotFoundError
 from shardstream.mds import MDSIndex, ShardInfo, load_index
 from shardstream.storage import ObjectStore, open_store
@@ -96,13 +96,17 @@ def split_index_url(uri: str) -> tuple[str, str]:
     return trimmed, _INDEX
 
 
-def resolve_source(source: Source, server: ServerOptions | None = None) -> ResolvedSource:
-    """Pin ``source`` to a version and load its shard list (one index read or API call)."""
+def resolve_source(
+    source: Source, server: ServerOptions | None = None, cache_root: Path | None = None
+) -> ResolvedSource:
+    """Pin ``source`` to a version and load its shard list (one index read, or the
+    server's index through the node cache at ``cache_root``, default the default cache)."""
     if source.is_url:
         return _resolve_url(source)
     from shardstream.client._server import resolve_named
 
-    return resolve_named(source, server or ServerOptions())
+    root = cache_root if cache_root is not None else CacheOptions().root
+    return resolve_named(source, server or ServerOptions(), root)
 
 
 def _resolve_url(source: Source) -> ResolvedSource:

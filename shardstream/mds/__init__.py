@@ -23,6 +23,7 @@ from shardstream.mds._index import (
     FileInfo,
     MDSIndex,
     ShardInfo,
+    index_from_json,
     load_index,
     write_atomic,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "encode_sample",
     "encoded_size",
     "get_codec",
+    "index_from_json",
     "load_index",
     "make_encoder",
     "make_parts_encoder",

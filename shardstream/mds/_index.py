@@ -148,6 +148,11 @@ def load_index(source: bytes | str | Path) -> MDSIndex:
         obj = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FormatError(f"{where}: not valid JSON: {exc}") from None
+    return index_from_json(obj, where)
+
+
+def index_from_json(obj: Any, where: str = "index.json") -> MDSIndex:
+    """Validate an already parsed ``index.json`` object (see :func:`load_index`)."""
     if not isinstance(obj, dict):
         raise FormatError(f"{where}: expected a JSON object with 'version' and 'shards'")
     if obj.get("version") != 2:
