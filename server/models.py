@@ -86,7 +86,11 @@ class VersionRow(Base):
     """A dataset version: a draft, then published (immutable) or aborted."""
 
     __tablename__ = "versions"
-    __table_args__ = (UniqueConstraint("dataset_id", "number", name="uq_versions_dataset_number"),)
+    __table_args__ = (
+        UniqueConstraint("dataset_id", "number", name="uq_versions_dataset_number"),
+        # A unique index, not a constraint: SQLite adds one without copying the table.
+        Index("ix_versions_dataset_idempotency_key", "dataset_id", "idempotency_key", unique=True),
+    )
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"))
     number: Mapped[int] = mapped_column(Integer)
@@ -102,6 +106,10 @@ class VersionRow(Base):
     total_samples: Mapped[int] = mapped_column(BigInteger, default=0)
     total_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     total_raw_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    # The Idempotency-Key the draft was created with, and a digest of that request's body
+    # (a replay with another body is refused); None for drafts created without a key.
+    idempotency_key: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    request_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class ShardRow(Base):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.orm import Session
 
@@ -108,10 +111,47 @@ def latest_published(session: Session, dataset: DatasetRow) -> VersionRow:
     return row
 
 
+def request_digest(body: VersionCreate) -> str:
+    """A digest of a draft request as parsed (omitted fields and their defaults agree)."""
+    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 def create_draft(
-    session: Session, dataset: DatasetRow, body: VersionCreate, *, created_by: str, root: str
-) -> VersionRow:
-    """Open the next-numbered draft; ``root`` is the server's default storage root."""
+    session: Session,
+    dataset: DatasetRow,
+    body: VersionCreate,
+    *,
+    created_by: str,
+    root: str,
+    idempotency_key: str | None = None,
+) -> tuple[VersionRow, bool]:
+    """Open the next-numbered draft; ``root`` is the server's default storage root.
+
+    Returns the row and whether it was created. With an ``idempotency_key`` that an
+    earlier draft of this dataset was created with, that draft is returned as it is now
+    (``False``) instead of opening another one, so a client that retries after a lost
+    answer gets one draft; the same key with another body is a 422.
+    """
+    # Serialize draft creation per dataset (PostgreSQL; SQLite writers already are), so
+    # concurrent requests neither race for the next number nor miss each other's key.
+    session.execute(select(DatasetRow.id).where(DatasetRow.id == dataset.id).with_for_update())
+    digest = request_digest(body) if idempotency_key is not None else None
+    if idempotency_key is not None:
+        earlier = session.scalars(
+            select(VersionRow).where(
+                VersionRow.dataset_id == dataset.id, VersionRow.idempotency_key == idempotency_key
+            )
+        ).first()
+        if earlier is not None:
+            if earlier.request_digest != digest:
+                raise RequestValidationError(
+                    f"header Idempotency-Key: {idempotency_key!r} already created version "
+                    f"{earlier.number} of {dataset.name!r} from another request body; send a "
+                    "new key for a new draft (a retry must repeat the body exactly)",
+                    422,
+                )
+            return earlier, False
     number = (
         session.scalar(
             select(func.max(VersionRow.number)).where(VersionRow.dataset_id == dataset.id)
@@ -136,10 +176,12 @@ def create_draft(
         total_samples=0,
         total_bytes=0,
         total_raw_bytes=0,
+        idempotency_key=idempotency_key,
+        request_digest=digest,
     )
     session.add(row)
     session.flush()
-    return row
+    return row, True
 
 
 def page(

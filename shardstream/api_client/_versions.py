@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -33,8 +34,15 @@ class VersionsAPI(APISession):
         storage_root: str | None = None,
         builder_config: Mapping[str, Any] | None = None,
         lineage: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
     ) -> VersionPublic:
-        """Open a draft version of ``dataset``."""
+        """Open a draft version of ``dataset``.
+
+        The request carries an ``Idempotency-Key`` (``idempotency_key``, else a fresh
+        uuid4) that its retries repeat, so a retry after a lost answer gets the draft the
+        first attempt created instead of a second one. Pass your own key to make a call
+        that is itself repeated (a restarted job) return the same draft.
+        """
         body = VersionCreate(
             columns=dict(columns),
             storage_root=storage_root,
@@ -42,7 +50,9 @@ class VersionsAPI(APISession):
             lineage=dict(lineage or {}),
         )
         path = f"/v1/datasets/{dataset}/versions"
-        return self._model(VersionPublic, self.request("POST", path, json=json_body(body)))
+        headers = {"Idempotency-Key": idempotency_key or str(uuid.uuid4())}
+        response = self.request("POST", path, json=json_body(body), headers=headers)
+        return self._model(VersionPublic, response)
 
     def update_version(
         self,

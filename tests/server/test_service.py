@@ -113,8 +113,9 @@ def test_wheel_ships_the_migrations(tmp_path: Path) -> None:
     )
     (wheel,) = tmp_path.glob("shardstream-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for needed in ["alembic.ini", "env.py", "script.py.mako", "versions/0001_initial_schema.py"]:
-        assert f"shardstream/server/migrations/{needed}" in names, needed
+    needed = ["alembic.ini", "env.py", "script.py.mako", "versions/0001_initial_schema.py"]
+    for name in [*needed, "versions/0002_version_idempotency_key.py"]:
+        assert f"shardstream/server/migrations/{name}" in names, name
 
 
 def test_db_errors_map_to_409_and_503(settings: Settings) -> None:

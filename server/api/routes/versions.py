@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request, Response, status
+from fastapi import APIRouter, Header, Request, Response, status
 
 from shardstream.errors import ConflictError
 from shardstream.server.api.caching import not_modified, set_cache_headers, version_snapshot
@@ -35,16 +35,52 @@ from shardstream.wire import (
 router = APIRouter(prefix="/v1/datasets/{name}/versions", tags=["versions"], responses=ERRORS)
 
 
-@router.post("", status_code=status.HTTP_201_CREATED)
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=255,
+        pattern=r"^[!-~]+$",  # visible ASCII
+        description="a key unique to one logical request (a uuid4), repeated on its retries: "
+        "a replay returns the draft the first request created (200) instead of a new one",
+    ),
+]
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    responses={200: {"model": VersionPublic, "description": "replay of an Idempotency-Key"}},
+)
 def create_version(
-    name: DatasetName, body: VersionCreate, session: SessionDep, who: Writer, settings: SettingsDep
+    *,
+    name: DatasetName,
+    body: VersionCreate,
+    response: Response,
+    session: SessionDep,
+    who: Writer,
+    settings: SettingsDep,
+    idempotency_key: IdempotencyKey = None,
 ) -> VersionPublic:
-    """Open a draft version; shards are added in batches, then it is published or aborted."""
+    """Open a draft version; shards are added in batches, then it is published or aborted.
+
+    With an ``Idempotency-Key`` header that already created a draft of this dataset, that
+    draft is returned as it is now (200) instead of a new one; the same key with another
+    body is a 422.
+    """
     who.require_dataset(name)
     dataset = datasets_data.get(session, name)
-    row = data.create_draft(
-        session, dataset, body, created_by=who.name, root=settings.resolved_storage_root
+    row, created = data.create_draft(
+        session,
+        dataset,
+        body,
+        created_by=who.name,
+        root=settings.resolved_storage_root,
+        idempotency_key=idempotency_key,
     )
+    if not created:
+        response.status_code = status.HTTP_200_OK
     return data.to_public(row, name)
 
 
