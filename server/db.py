@@ -2,20 +2,29 @@
 
 The engine is created by the app factory from the settings, never at import time. SQLite
 gets WAL mode and a busy timeout so readers never block the one writer for long;
-PostgreSQL gets a connection pool sized by ``SHARDSTREAM_DB_POOL_SIZE``.
+PostgreSQL gets a connection pool sized by ``SHARDSTREAM_DB_POOL_SIZE`` and a liveness
+check on checkout (a connection the database server dropped is replaced, not used).
+
+An SQLite file deleted or replaced under a running server is noticed too (see
+:class:`_SQLiteFile`), and :func:`describe_failure` turns any database failure into the
+message a 503 answer carries.
 """
 
 from __future__ import annotations
 
+import os
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import ConnectionPoolEntry
 
 from shardstream.errors import ConfigError
 
@@ -41,8 +50,68 @@ def _sqlite_begin(conn: Connection) -> None:
     conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
 
+class _SQLiteFile:
+    """Connections to one SQLite file that exists, and stays the file they opened.
+
+    A connection keeps the file it opened even after that file is deleted or replaced,
+    and SQLite in WAL mode goes on reading *and committing* there: without this guard, a
+    server whose file was deleted under it kept acknowledging writes into a file that no
+    longer has a name (gone at the next restart), while new connections silently created
+    an empty database in its place. So connections open the file with ``mode=rw`` (never
+    create it; :func:`make_engine` does that once) and remember which file they opened;
+    a pooled connection whose file is no longer at the path is replaced on checkout, and
+    when nothing can be opened there the request fails with a database error (a 503).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path.expanduser().absolute()
+        self._uri = self.path.as_uri() + "?mode=rw"
+
+    def create(self) -> None:
+        """Create an empty database file (and its directory) if there is none yet."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.exists():
+            sqlite3.connect(self.path).close()
+
+    def connect(self) -> sqlite3.Connection:
+        """The engine's ``creator``: open the existing file, read-write."""
+        return sqlite3.connect(self._uri, uri=True, check_same_thread=False, timeout=30)
+
+    def _identity(self) -> tuple[int, int] | None:
+        try:
+            stat = os.stat(self.path)
+        except OSError:
+            return None
+        return stat.st_dev, stat.st_ino
+
+    def _vanished(self) -> str:
+        return f"the SQLite database file {self.path} was deleted or replaced while open"
+
+    def on_connect(self, _dbapi_conn: Any, record: ConnectionPoolEntry) -> None:
+        record.info["sqlite_file"] = self._identity()
+
+    def on_checkout(self, _dbapi_conn: Any, record: ConnectionPoolEntry, _proxy: Any) -> None:
+        if self._identity() == record.info.get("sqlite_file"):
+            record.info["sqlite_checked"] = True
+            return
+        message = self._vanished()
+        if record.info.get("sqlite_checked"):
+            # A pooled connection to the old file: the pool reconnects (once) to the path.
+            raise sa_exc.DisconnectionError(message)
+        # A connection opened just now, and the file changed already: give up (a 503)
+        # rather than let the pool retry until it runs out of attempts.
+        raise sqlite3.OperationalError(message)
+
+    def on_commit(self, conn: Connection) -> None:
+        # The file vanished during this transaction: roll it back rather than commit there.
+        if self._identity() != conn.connection.info.get("sqlite_file"):
+            raise sa_exc.OperationalError(
+                "COMMIT", None, sqlite3.OperationalError(self._vanished())
+            )
+
+
 def make_engine(url: str, *, pool_size: int = 10) -> Engine:
-    """Create an engine for ``url``; creates the SQLite file's directory if needed."""
+    """Create an engine for ``url``; creates the SQLite file (and its directory) if needed."""
     try:
         parsed = make_url(url)
     except ArgumentError as exc:
@@ -51,16 +120,22 @@ def make_engine(url: str, *, pool_size: int = 10) -> Engine:
             "sqlite:////abs/path.db or postgresql+psycopg://user@host/db"
         ) from exc
     if parsed.get_backend_name() == "sqlite":
+        file = None
+        options: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 30}}
         if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(
-            url,
-            connect_args={"check_same_thread": False, "timeout": 30},
-            pool_size=pool_size,
-            max_overflow=2 * pool_size,
-        )
+            if parsed.query:  # SQLite URI options (mode=ro, ...): open as the URL says
+                Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            else:
+                file = _SQLiteFile(Path(parsed.database))
+                file.create()
+                options = {"creator": file.connect}
+        engine = create_engine(url, pool_size=pool_size, max_overflow=2 * pool_size, **options)
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "begin", _sqlite_begin)
+        if file is not None:
+            event.listen(engine, "connect", file.on_connect)
+            event.listen(engine, "checkout", file.on_checkout)
+            event.listen(engine, "commit", file.on_commit)
         return engine
     if parsed.get_backend_name() == "postgresql":
         if parsed.drivername == "postgresql":
@@ -77,6 +152,67 @@ def make_engine(url: str, *, pool_size: int = 10) -> Engine:
         f"SHARDSTREAM_DATABASE_URL uses {parsed.get_backend_name()!r}; supported: sqlite, "
         "postgresql (postgresql+psycopg://)"
     )
+
+
+# What a database failure means, by words in the driver's message (SQLite, psycopg), first
+# match wins. Messages name the problem and the fix, but neither the file path nor the
+# database host: /readyz answers without a token (the server log has the details).
+_FAILURES: tuple[tuple[tuple[str, ...], str], ...] = (
+    (
+        ("unable to open database file", "deleted or replaced while open"),
+        "the SQLite database file (SHARDSTREAM_DATABASE_URL) cannot be opened: it was "
+        "deleted, moved or made unreadable while the server ran; put it back (or run "
+        "'shardstream server migrate' for a new, empty one)",
+    ),
+    (
+        ("file is not a database", "malformed"),
+        "the SQLite database file (SHARDSTREAM_DATABASE_URL) is damaged or not a database; "
+        "restore it from a backup",
+    ),
+    (
+        ("connection refused", "could not connect", "connection failed", "could not translate"),
+        "cannot connect to the database server; retry shortly",
+    ),
+    (
+        ("server closed the connection", "terminating connection", "connection is closed"),
+        "the connection to the database server was lost; retry",
+    ),
+    (
+        ("no such table", "no such column", "does not exist"),
+        "the database lacks tables or columns this server needs (it was replaced by an "
+        "empty database, or not migrated to this server's version); run 'shardstream server "
+        "migrate' or restore the database",
+    ),
+    (
+        ("readonly", "read-only"),
+        "the database is read-only (file permissions or a read-only disk); make the SQLite "
+        "file and its directory writable by the server",
+    ),
+    (
+        ("database or disk is full", "disk i/o error", "no space left"),
+        "the database's disk is full or failing; free space or check the disk, then retry",
+    ),
+    (
+        ("database is locked", "database table is locked"),
+        "the database is busy (another process holds its write lock); retry shortly",
+    ),
+)
+
+
+def describe_failure(exc: BaseException) -> str:
+    """What a database failure means for a client: the message of a 503 answer.
+
+    >>> describe_failure(sa_exc.OperationalError("SELECT 1", {}, Exception("Connection refused")))
+    'database unavailable: cannot connect to the database server; retry shortly'
+    """
+    if isinstance(exc, sa_exc.TimeoutError):
+        return "database unavailable: every database connection is in use; retry shortly"
+    cause = exc.orig if isinstance(exc, sa_exc.DBAPIError) else exc
+    text = str(cause).lower()
+    for words, meaning in _FAILURES:
+        if any(word in text for word in words):
+            return f"database unavailable: {meaning}"
+    return "database unavailable: the database failed to answer; retry shortly"
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

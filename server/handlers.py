@@ -3,7 +3,8 @@
 * shardstream :class:`~shardstream.errors.APIError` subclasses carry their status;
 * request validation → 422 naming the field (``body.sources[0].weight: ...``);
 * SQLAlchemy: IntegrityError → 409, DataError → 422, OperationalError and other
-  database failures → 503 (retryable);
+  database failures → 503 whose message says what is wrong (a deleted SQLite file, a
+  lost connection, a missing table; :func:`~shardstream.server.db.describe_failure`);
 * storage failures → 503 naming the object; other shardstream errors → 422.
 """
 
@@ -19,6 +20,7 @@ from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException
 
 from shardstream.errors import APIError, ShardstreamError, StorageError
+from shardstream.server.db import describe_failure
 
 log = logging.getLogger("shardstream.server")
 
@@ -79,7 +81,7 @@ async def _data(_: Request, exc: Exception) -> JSONResponse:
 
 async def _db_unavailable(request: Request, exc: Exception) -> JSONResponse:
     log.warning("database unavailable", extra={"path": request.url.path, "error": str(exc)[:300]})
-    return _error(503, "the database is unavailable or busy; retry shortly")
+    return _error(503, describe_failure(exc))
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -7,13 +7,14 @@ workers starting at once never race each other.
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
 _MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 _LOCK_ID = 0x5348_4152_4453  # arbitrary, constant: "SHARDS"
@@ -30,6 +31,29 @@ def alembic_config() -> Config:
 def head_revision() -> str | None:
     """The newest migration revision shipped with this package."""
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+@cache
+def _shipped() -> tuple[str | None, frozenset[str]]:
+    scripts = ScriptDirectory.from_config(alembic_config())
+    return scripts.get_current_head(), frozenset(s.revision for s in scripts.walk_revisions())
+
+
+def schema_problem(conn: Connection) -> str | None:
+    """Why this server cannot work with the database's schema (None: it can).
+
+    Raises the database's error when there is no migration table at all. A revision this
+    package does not know is a newer release's: migrations only add, so it is usable.
+    """
+    stamped = set(conn.execute(text("SELECT version_num FROM alembic_version")).scalars())
+    head, known = _shipped()
+    if head in stamped or (stamped and not stamped & known):
+        return None
+    found = ", ".join(sorted(stamped)) or "none"
+    return (
+        f"the database schema is at revision {found}, this server needs {head}: run "
+        "'shardstream server migrate' (or start the server with migrations on)"
+    )
 
 
 def current_revision(engine: Engine) -> str | None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from sqlalchemy import text
 
+from shardstream.server.db import describe_failure
+from shardstream.server.migrate import schema_problem
 from shardstream.wire import Health
 
 router = APIRouter(tags=["health"])
@@ -17,15 +18,20 @@ def healthz() -> Health:
     return Health(status="ok")
 
 
-@router.get("/readyz", responses={503: {"model": Health, "description": "database unreachable"}})
+@router.get(
+    "/readyz",
+    responses={503: {"model": Health, "description": "database unusable (the detail says why)"}},
+)
 def readyz(request: Request, response: Response) -> Health:
-    """Readiness: the database answers a query."""
+    """Readiness: the database answers and is migrated as far as this server needs."""
     try:
         with request.app.state.engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
+            problem = schema_problem(conn)
     except Exception as exc:  # any failure means "not ready"; report it, never raise
+        problem = describe_failure(exc)
+    if problem is not None:
         response.status_code = 503
-        return Health(status="unavailable", detail=f"database unreachable: {type(exc).__name__}")
+        return Health(status="unavailable", detail=problem)
     return Health(status="ok")
 
 
