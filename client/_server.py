@@ -83,16 +83,29 @@ def resolve_named(source: Source, server: ServerOptions, cache_root: Path) -> Re
 
 
 def _download_index(api: APIClient, name: str, number: int) -> bytes:
-    """The version's MDS index plus its shard keys, from the paged shard index."""
-    records = sorted(api.iter_shards(name, number, page_size=_PAGE), key=lambda r: r.index)
-    missing = next((r for r in records if r.mds is None), None)
-    if missing is not None:
-        raise ConfigError(
-            f"dataset {name}@{number}: shard {missing.key!r} was registered without its MDS "
-            "index entry, which readers need; register the dataset from its index.json "
-            "(shardstream register)"
-        )
-    index = {"version": 2, "shards": [r.mds for r in records], "keys": [r.key for r in records]}
+    """The version's MDS index plus its shard keys, from the paged shard index.
+
+    The pages are read as plain JSON: the MDS entries are validated when the index is
+    loaded, and the keys when the cache names their files.
+    """
+    shards: list[Any] = []
+    keys: list[Any] = []
+    for page in api.iter_shard_pages(name, number, page_size=_PAGE):
+        for record in page:
+            if record.get("mds") is None:
+                raise ConfigError(
+                    f"dataset {name}@{number}: shard {record.get('key')!r} was registered "
+                    "without its MDS index entry, which readers need; register the dataset "
+                    "from its index.json (shardstream register)"
+                )
+            if record.get("index") != len(keys):
+                raise ConfigError(
+                    f"dataset {name}@{number}: the server sent shard {record.get('index')} "
+                    f"where shard {len(keys)} was expected; retry, or report a server bug"
+                )
+            shards.append(record["mds"])
+            keys.append(record["key"])
+    index = {"version": 2, "shards": shards, "keys": keys}
     return json.dumps(index, separators=(",", ":")).encode()
 
 

@@ -140,11 +140,24 @@ class APISession:
     def _pages(
         self, path: str, model: type[M], *, limit: int, params: Mapping[str, Any] | None = None
     ) -> Iterator[M]:
+        for items in self._raw_pages(path, limit=limit, params=params, cache=True):
+            for item in items:
+                yield model.model_validate(item)
+
+    def _raw_pages(
+        self, path: str, *, limit: int, params: Mapping[str, Any] | None = None, cache: bool
+    ) -> Iterator[list[Any]]:
+        """The ``items`` of every page of a paged endpoint, as parsed JSON (``cache``: keep
+        pages with an ETag for revalidation; bulk readers that keep the data pass False)."""
         cursor: str | None = None
         while True:
-            body = self._get_json(path, {**(params or {}), "cursor": cursor, "limit": limit})
-            for item in body["items"]:
-                yield model.model_validate(item)
+            query = {**(params or {}), "cursor": cursor, "limit": limit}
+            body = (
+                self._get_json(path, query)
+                if cache
+                else self.request("GET", path, params=query).json()
+            )
+            yield body["items"]
             cursor = body.get("next_cursor")
             if not cursor:
                 return

@@ -119,6 +119,14 @@ class VersionsAPI(APISession):
         path = f"/v1/datasets/{dataset}/versions/{number}/shards"
         return self._pages(path, ShardRecord, limit=page_size)
 
+    def iter_shard_pages(
+        self, dataset: str, number: int, *, page_size: int = 10_000
+    ) -> Iterator[list[dict[str, Any]]]:
+        """A version's shard index as pages of plain dicts, unvalidated and uncached: for
+        readers of large indexes that keep the data themselves (``ShardRecord`` fields)."""
+        path = f"/v1/datasets/{dataset}/versions/{number}/shards"
+        return self._raw_pages(path, limit=page_size, cache=False)
+
     def index_json(self, dataset: str, number: int) -> bytes:
         """A published version's MDS ``index.json`` bytes."""
         path = f"/v1/datasets/{dataset}/versions/{number}/index.json"

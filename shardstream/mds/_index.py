@@ -13,7 +13,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from shardstream.errors import FormatError
@@ -163,7 +163,8 @@ def index_from_json(obj: Any, where: str = "index.json") -> MDSIndex:
     shards = obj.get("shards")
     if not isinstance(shards, list):
         raise FormatError(f"{where}: field 'shards' must be a list")
-    return MDSIndex([_parse_shard(s, f"{where}: shard {i}") for i, s in enumerate(shards)])
+    seen: dict[_Columns, _Columns] = {}  # shards share their columns: check each set once
+    return MDSIndex([_parse_shard(s, f"{where}: shard {i}", seen) for i, s in enumerate(shards)])
 
 
 def _field(obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -179,9 +180,8 @@ def _parse_file(obj: Any, where: str) -> FileInfo:
     if not isinstance(obj, dict):
         raise FormatError(f"{where}: expected an object with basename, bytes, hashes")
     basename = _field(obj, "basename", str, where)
-    path = PurePosixPath(basename)
     # A basename is a key relative to the dataset root; it must never escape it.
-    if not basename or path.is_absolute() or ".." in path.parts or "\\" in basename:
+    if not basename or basename[0] == "/" or "\\" in basename or ".." in basename.split("/"):
         raise FormatError(f"{where}: field 'basename' {basename!r} is not a relative file name")
     size = _field(obj, "bytes", int, where)
     hashes = _field(obj, "hashes", dict, where)
@@ -190,18 +190,21 @@ def _parse_file(obj: Any, where: str) -> FileInfo:
     return FileInfo(basename, size, dict(hashes))
 
 
-def _parse_shard(obj: Any, where: str) -> ShardInfo:
-    if not isinstance(obj, dict):
-        raise FormatError(f"{where}: expected a JSON object")
-    if "raw_data" in obj and isinstance(obj["raw_data"], dict):
-        where = f"{where} ({obj['raw_data'].get('basename')})"
-    if obj.get("format") != "mds":
-        raise FormatError(f"{where}: field 'format' is {obj.get('format')!r}, expected 'mds'")
-    if obj.get("version") != 2:
-        raise FormatError(f"{where}: field 'version' is {obj.get('version')!r}, expected 2")
+_Columns = tuple[tuple[str, ...], tuple[str, ...], tuple[int | None, ...]]
+
+
+def _parse_columns(obj: dict[str, Any], where: str, seen: dict[_Columns, _Columns]) -> _Columns:
+    """(names, encodings, sizes), checked; ``seen`` remembers sets already checked."""
     names = _field(obj, "column_names", list, where)
     encodings = _field(obj, "column_encodings", list, where)
     sizes = _field(obj, "column_sizes", list, where)
+    try:
+        key: _Columns = (tuple(names), tuple(encodings), tuple(sizes))
+        hit = seen.get(key)
+    except TypeError:  # an unhashable entry: invalid, reported below
+        hit = None
+    if hit is not None:
+        return hit
     if not (len(names) == len(encodings) == len(sizes)) or not names:
         raise FormatError(
             f"{where}: column_names, column_encodings and column_sizes must be non-empty "
@@ -219,6 +222,20 @@ def _parse_shard(obj: Any, where: str) -> ShardInfo:
                 f"{where}: column {name!r} ({encoding}) has column_sizes entry {size!r}, "
                 f"expected {codec.size!r}"
             )
+    seen[key] = key
+    return key
+
+
+def _parse_shard(obj: Any, where: str, seen: dict[_Columns, _Columns] | None = None) -> ShardInfo:
+    if not isinstance(obj, dict):
+        raise FormatError(f"{where}: expected a JSON object")
+    if "raw_data" in obj and isinstance(obj["raw_data"], dict):
+        where = f"{where} ({obj['raw_data'].get('basename')})"
+    if obj.get("format") != "mds":
+        raise FormatError(f"{where}: field 'format' is {obj.get('format')!r}, expected 'mds'")
+    if obj.get("version") != 2:
+        raise FormatError(f"{where}: field 'version' is {obj.get('version')!r}, expected 2")
+    names, encodings, sizes = _parse_columns(obj, where, {} if seen is None else seen)
     compression = obj.get("compression")
     try:
         check_compression(compression, writing=False)
@@ -235,9 +252,9 @@ def _parse_shard(obj: Any, where: str) -> ShardInfo:
     if (zip_data is None) != (compression is None):
         raise FormatError(f"{where}: zip_data must be given exactly when compression is set")
     return ShardInfo(
-        column_encodings=tuple(encodings),
-        column_names=tuple(names),
-        column_sizes=tuple(sizes),
+        column_encodings=encodings,
+        column_names=names,
+        column_sizes=sizes,
         compression=compression,
         hashes=tuple(str(h) for h in hashes),
         raw_data=raw,
