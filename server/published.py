@@ -139,12 +139,14 @@ class PublishedCache:
         self._version_flight: SingleFlight[tuple[str, int], VersionSnapshot] = SingleFlight()
         self.pages = ByteCache(max_page_bytes)
         self._page_flight: SingleFlight[str, bytes] = SingleFlight()
-        self._urls: _LRU[tuple[int, str], tuple[str, float]] = _LRU(max_urls)
-        self._keys: OrderedDict[int, frozenset[str]] = OrderedDict()
+        # Keys and URLs are kept per (row id, publication time): SQLite hands the id of a
+        # deleted version out again, and a newer version must not see the old one's.
+        self._urls: _LRU[tuple[int, int | None, str], tuple[str, float]] = _LRU(max_urls)
+        self._keys: OrderedDict[tuple[int, int | None], frozenset[str]] = OrderedDict()
         self._key_count = 0
         self._max_keys = max_keys
         self._keys_lock = threading.Lock()
-        self._key_flight: SingleFlight[int, frozenset[str]] = SingleFlight()
+        self._key_flight: SingleFlight[tuple[int, int | None], frozenset[str]] = SingleFlight()
 
     async def version(
         self, dataset: str, number: int, load: Callable[[], VersionSnapshot]
@@ -189,28 +191,29 @@ class PublishedCache:
         None for drafts and for versions too large to keep (``max_keys`` in all)."""
         if not version.published or version.num_shards > self._max_keys // 4:
             return None
+        ident = (version.id, version.published_us)
         with self._keys_lock:
-            hit = self._keys.get(version.id)
+            hit = self._keys.get(ident)
             if hit is not None:
-                self._keys.move_to_end(version.id)
+                self._keys.move_to_end(ident)
                 return hit
 
         async def fetch() -> frozenset[str]:
             loaded = await run_in_threadpool(load)
             with self._keys_lock:
-                if version.id not in self._keys:
-                    self._keys[version.id] = loaded
+                if ident not in self._keys:
+                    self._keys[ident] = loaded
                     self._key_count += len(loaded)
                 while self._key_count > self._max_keys:
                     _, old = self._keys.popitem(last=False)
                     self._key_count -= len(old)
             return loaded
 
-        return await self._key_flight.run(version.id, fetch)
+        return await self._key_flight.run(ident, fetch)
 
     async def urls(
         self,
-        version_id: int,
+        version: VersionSnapshot,
         keys: list[str],
         expires_s: int,
         sign: Callable[[list[str]], tuple[dict[str, str], float]],
@@ -221,12 +224,13 @@ class PublishedCache:
         (run in the thread pool) signs the rest and returns their expiry. The caller has
         checked that ``keys`` belong to the version.
         """
+        ident = (version.id, version.published_us)
         now = time.time()
         urls: dict[str, str] = {}
         expires_at = now + expires_s
         missing: list[str] = []
         for key in keys:
-            hit = self._urls.get((version_id, key))
+            hit = self._urls.get((*ident, key))
             if hit is not None and hit[1] - now >= expires_s / 2:
                 urls[key] = hit[0]
                 expires_at = min(expires_at, hit[1])
@@ -235,7 +239,7 @@ class PublishedCache:
         if missing:
             signed, until = await run_in_threadpool(sign, missing)
             for key, url in signed.items():
-                self._urls.put((version_id, key), (url, until))
+                self._urls.put((*ident, key), (url, until))
             urls.update(signed)
             expires_at = min(expires_at, until)
         return {key: urls[key] for key in keys}, expires_at

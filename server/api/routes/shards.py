@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -149,11 +150,13 @@ async def presign_urls(
         if known is None:  # a version too large to keep its keys in memory
             with factory() as session:
                 data.require_keys(session, version.id, missing)
-        until = time.time() + expires_s
+        # Signatures carry their time in whole seconds (X-Amz-Date): a URL signed at
+        # 12:00:00.9 stops working at 12:00:00 + expires_s, so never promise later.
+        until = math.floor(time.time()) + expires_s
         store = stores.get(version.storage_root, for_clients=True)
         return presign(store, missing, expires_s), until
 
     if known is not None:
         data.require_known(keys, known)
-    urls, until = await cache.urls(version.id, keys, expires_s, sign)
+    urls, until = await cache.urls(version, keys, expires_s, sign)
     return PresignResponse(urls=urls, expires_at=datetime.fromtimestamp(until, UTC))
