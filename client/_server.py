@@ -5,7 +5,6 @@ Kept apart so that reading an ``index.json`` URL never needs the server or its c
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,9 +60,8 @@ def resolve_named(source: Source, server: ServerOptions, cache_root: Path) -> Re
                 "published versions can be read (publish it, or name a published version)"
             )
         identity = "\0".join([url, name, str(version.number), version.published_at.isoformat()])
-        raw = cached_index(cache_root, identity, lambda: _download_index(api, name, version.number))
+        obj = cached_index(cache_root, identity, lambda: _download_index(api, name, version.number))
     where = f"dataset {name}@{version.number}"
-    obj = json.loads(raw)
     index, keys = index_from_json(obj, where), obj.get("keys")
     if not isinstance(keys, list) or len(keys) != len(index.shards):
         raise ConfigError(f"{where}: the cached index in {cache_root} is damaged; delete it")
@@ -82,7 +80,7 @@ def resolve_named(source: Source, server: ServerOptions, cache_root: Path) -> Re
     )
 
 
-def _download_index(api: APIClient, name: str, number: int) -> bytes:
+def _download_index(api: APIClient, name: str, number: int) -> dict[str, Any]:
     """The version's MDS index plus its shard keys, from the paged shard index.
 
     The pages are read as plain JSON: the MDS entries are validated when the index is
@@ -105,8 +103,7 @@ def _download_index(api: APIClient, name: str, number: int) -> bytes:
                 )
             shards.append(record["mds"])
             keys.append(record["key"])
-    index = {"version": 2, "shards": shards, "keys": keys}
-    return json.dumps(index, separators=(",", ":")).encode()
+    return {"version": 2, "shards": shards, "keys": keys}
 
 
 def _is_local(root: str) -> bool:

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from shardstream.client._filelock import lock_path, unlink_and_close
 from shardstream.errors import ConfigError
@@ -33,8 +35,9 @@ __all__ = ["KEEP", "cached_index"]
 KEEP = 32
 
 
-def cached_index(cache_root: Path, identity: str, download: Callable[[], bytes]) -> bytes:
-    """The index named by ``identity`` from ``cache_root``, or ``download()``-ed into it.
+def cached_index(cache_root: Path, identity: str, download: Callable[[], Any]) -> Any:
+    """The index (a JSON value) named by ``identity``: read from ``cache_root``, or
+    ``download()``-ed and stored there.
 
     Concurrent callers on one node download once: the others wait for the first.
     """
@@ -49,22 +52,23 @@ def cached_index(cache_root: Path, identity: str, download: Callable[[], bytes])
     path = folder / f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.json"
     data = _read(path)
     if data is not None:
-        return data
+        return json.loads(data)
     fd = lock_path(folder / f"{path.name}.lock", blocking=True)
     assert fd is not None  # blocking
     try:
         data = _read(path)  # downloaded by the process we waited for
-        if data is None:
-            data = download()
-            for stale in folder.glob(f".{path.name}.*.tmp"):  # the lock's holder is us:
-                _remove(stale)  # these were left by a writer killed before its rename
-            tmp = folder / f".{path.name}.{os.getpid()}.tmp"
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
-            _trim(folder, keep=path)
+        if data is not None:
+            return json.loads(data)
+        index = download()
+        for stale in folder.glob(f".{path.name}.*.tmp"):  # the lock's holder is us:
+            _remove(stale)  # these were left by a writer killed before its rename
+        tmp = folder / f".{path.name}.{os.getpid()}.tmp"
+        tmp.write_bytes(json.dumps(index, separators=(",", ":")).encode())
+        os.replace(tmp, path)
+        _trim(folder, keep=path)
     finally:
         unlink_and_close(fd, folder / f"{path.name}.lock")
-    return data
+    return index
 
 
 def _read(path: Path) -> bytes | None:

@@ -44,7 +44,7 @@ def _slow_download(folder: str, out: mp.Queue) -> None:  # type: ignore[type-arg
         with open(Path(folder) / "downloads", "a") as f:
             f.write(f"{os.getpid()}\n")
         time.sleep(0.5)
-        return b'{"version": 2}'
+        return {"version": 2}
 
     out.put(cached_index(Path(folder), "one version", download))
 
@@ -53,7 +53,7 @@ def _hang(folder: str) -> None:
     def download() -> bytes:
         (Path(folder) / "started").touch()
         time.sleep(600)
-        return b""
+        return {}
 
     cached_index(Path(folder), "one version", download)
 
@@ -127,7 +127,7 @@ def test_concurrent_processes_share_one_download(tmp_path: Path) -> None:
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
-    assert [out.get() for _ in procs] == [b'{"version": 2}'] * 4
+    assert [out.get() for _ in procs] == [{"version": 2}] * 4
     assert len((tmp_path / "downloads").read_text().splitlines()) == 1
     assert sorted(p.name for p in (tmp_path / "index").iterdir()) == [
         f"{next((tmp_path / 'index').glob('*.json')).name}"
@@ -144,16 +144,16 @@ def test_a_download_killed_midway_leaves_nothing_behind(tmp_path: Path) -> None:
     os.kill(proc.pid, signal.SIGKILL)  # holds the lock, has written nothing
     proc.join(30)
     assert not list((tmp_path / "index").glob("*.json"))
-    assert cached_index(tmp_path, "one version", lambda: b"fresh") == b"fresh"
-    assert cached_index(tmp_path, "one version", lambda: b"never called") == b"fresh"
+    assert cached_index(tmp_path, "one version", lambda: "fresh") == "fresh"
+    assert cached_index(tmp_path, "one version", lambda: "never called") == "fresh"
 
 
 def test_only_the_most_recently_used_indexes_are_kept(tmp_path: Path) -> None:
-    cached_index(tmp_path, "first", lambda: b"1")
+    cached_index(tmp_path, "first", lambda: 1)
     for i in range(KEEP + 5):
-        cached_index(tmp_path, f"v{i}", lambda: b"x")
-        cached_index(tmp_path, "first", lambda: b"re-downloaded")  # used again: kept
+        cached_index(tmp_path, f"v{i}", lambda: "x")
+        cached_index(tmp_path, "first", lambda: "re-downloaded")  # used again: kept
         time.sleep(0.002)  # distinct modification times
     assert len(list((tmp_path / "index").glob("*.json"))) == KEEP
-    assert cached_index(tmp_path, "first", lambda: b"re-downloaded") == b"1"
-    assert cached_index(tmp_path, "v0", lambda: b"re-downloaded") == b"re-downloaded"
+    assert cached_index(tmp_path, "first", lambda: "re-downloaded") == 1
+    assert cached_index(tmp_path, "v0", lambda: "re-downloaded") == "re-downloaded"

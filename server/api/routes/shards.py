@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Iterator
@@ -76,7 +75,7 @@ def _stream_index(factory: sessionmaker[Session], version_id: int) -> Iterator[b
         yield b'{"version": 2, "shards": [\n'
         sep = b""
         for entries in data.iter_mds_chunks(session, version_id):
-            yield sep + b",\n".join(json.dumps(e).encode() for e in entries)
+            yield sep + ",\n".join(entries).encode()
             sep = b",\n"
         yield b"\n]}\n"
 
