@@ -13,7 +13,7 @@ from shardstream.client.index_cache import cached_index
 from shardstream.client.options import ServerOptions, Source
 from shardstream.client.source import ResolvedSource
 from shardstream.errors import ConfigError, ResumeError
-from shardstream.mds import index_from_json
+from shardstream.mds import MDSIndex, index_from_json
 from shardstream.storage import HTTPStore, ObjectStore
 from shardstream.wire import VersionStatus
 
@@ -60,11 +60,10 @@ def resolve_named(source: Source, server: ServerOptions, cache_root: Path) -> Re
                 "published versions can be read (publish it, or name a published version)"
             )
         identity = "\0".join([url, name, str(version.number), version.published_at.isoformat()])
-        obj = cached_index(cache_root, identity, lambda: _download_index(api, name, version.number))
-    where = f"dataset {name}@{version.number}"
-    index, keys = index_from_json(obj, where), obj.get("keys")
-    if not isinstance(keys, list) or len(keys) != len(index.shards):
-        raise ConfigError(f"{where}: the cached index in {cache_root} is damaged; delete it")
+        where = f"dataset {name}@{version.number}"
+        index, keys = cached_index(
+            cache_root, identity, lambda: _download_index(api, name, version.number, where)
+        )
     # Presigned URLs exist for object stores; a server keeping shards in a local folder
     # (the laptop default) hands out that folder, which this node reads directly.
     local_root = version.storage_root if _is_local(version.storage_root) else None
@@ -80,30 +79,28 @@ def resolve_named(source: Source, server: ServerOptions, cache_root: Path) -> Re
     )
 
 
-def _download_index(api: APIClient, name: str, number: int) -> dict[str, Any]:
-    """The version's MDS index plus its shard keys, from the paged shard index.
-
-    The pages are read as plain JSON: the MDS entries are validated when the index is
-    loaded, and the keys when the cache names their files.
-    """
+def _download_index(
+    api: APIClient, name: str, number: int, where: str
+) -> tuple[MDSIndex, list[str]]:
+    """The version's MDS index (validated) and shard keys, from the paged shard index."""
     shards: list[Any] = []
-    keys: list[Any] = []
+    keys: list[str] = []
     for page in api.iter_shard_pages(name, number, page_size=_PAGE):
         for record in page:
             if record.get("mds") is None:
                 raise ConfigError(
-                    f"dataset {name}@{number}: shard {record.get('key')!r} was registered "
-                    "without its MDS index entry, which readers need; register the dataset "
-                    "from its index.json (shardstream register)"
+                    f"{where}: shard {record.get('key')!r} was registered without its MDS "
+                    "index entry, which readers need; register the dataset from its "
+                    "index.json (shardstream register)"
                 )
             if record.get("index") != len(keys):
                 raise ConfigError(
-                    f"dataset {name}@{number}: the server sent shard {record.get('index')} "
-                    f"where shard {len(keys)} was expected; retry, or report a server bug"
+                    f"{where}: the server sent shard {record.get('index')} where shard "
+                    f"{len(keys)} was expected; retry, or report a server bug"
                 )
             shards.append(record["mds"])
-            keys.append(record["key"])
-    return {"version": 2, "shards": shards, "keys": keys}
+            keys.append(str(record["key"]))
+    return index_from_json({"version": 2, "shards": shards}, where), keys
 
 
 def _is_local(root: str) -> bool:

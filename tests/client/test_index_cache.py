@@ -13,11 +13,21 @@ import pytest
 
 from shardstream.api_client import APIClient
 from shardstream.client import CacheOptions, ServerOptions, StreamingDataset
-from shardstream.client.index_cache import KEEP, cached_index
+from shardstream.client.index_cache import KEEP, cached_index, decode, encode
 from shardstream.errors import ConfigError
+from shardstream.mds import FileInfo, MDSIndex, ShardInfo, load_index
 from shardstream.shard_builder.publish import register_index
 from tests.client.test_dataset_support import write_tokens
 from tests.fixtures.server import LiveServer
+
+
+def _index(*keys: str) -> tuple[MDSIndex, list[str]]:
+    """A small index of one-sample shards named ``keys`` (which tell downloads apart)."""
+    shards = [
+        ShardInfo(("int",), ("x",), (8,), None, (), FileInfo(key, 9, {}), 1, None) for key in keys
+    ]
+    return MDSIndex(shards), list(keys)
+
 
 SHARDS_ROUTE = "/v1/datasets/{name}/versions/{number}/shards"
 VERSION_ROUTE = "/v1/datasets/{name}/versions/{number}"
@@ -44,16 +54,16 @@ def _slow_download(folder: str, out: mp.Queue) -> None:  # type: ignore[type-arg
         with open(Path(folder) / "downloads", "a") as f:
             f.write(f"{os.getpid()}\n")
         time.sleep(0.5)
-        return {"version": 2}
+        return _index("downloaded")
 
-    out.put(cached_index(Path(folder), "one version", download))
+    out.put(cached_index(Path(folder), "one version", download)[1])
 
 
 def _hang(folder: str) -> None:
     def download() -> bytes:
         (Path(folder) / "started").touch()
         time.sleep(600)
-        return {}
+        return _index()
 
     cached_index(Path(folder), "one version", download)
 
@@ -127,7 +137,7 @@ def test_concurrent_processes_share_one_download(tmp_path: Path) -> None:
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
-    assert [out.get() for _ in procs] == [{"version": 2}] * 4
+    assert [out.get() for _ in procs] == [["downloaded"]] * 4
     assert len((tmp_path / "downloads").read_text().splitlines()) == 1
     assert sorted(p.name for p in (tmp_path / "index").iterdir()) == [
         f"{next((tmp_path / 'index').glob('*.json')).name}"
@@ -144,16 +154,37 @@ def test_a_download_killed_midway_leaves_nothing_behind(tmp_path: Path) -> None:
     os.kill(proc.pid, signal.SIGKILL)  # holds the lock, has written nothing
     proc.join(30)
     assert not list((tmp_path / "index").glob("*.json"))
-    assert cached_index(tmp_path, "one version", lambda: "fresh") == "fresh"
-    assert cached_index(tmp_path, "one version", lambda: "never called") == "fresh"
+    assert cached_index(tmp_path, "one version", lambda: _index("fresh"))[1] == ["fresh"]
+    assert cached_index(tmp_path, "one version", lambda: _index("again"))[1] == ["fresh"]
 
 
 def test_only_the_most_recently_used_indexes_are_kept(tmp_path: Path) -> None:
-    cached_index(tmp_path, "first", lambda: 1)
+    cached_index(tmp_path, "first", lambda: _index("1"))
     for i in range(KEEP + 5):
-        cached_index(tmp_path, f"v{i}", lambda: "x")
-        cached_index(tmp_path, "first", lambda: "re-downloaded")  # used again: kept
+        cached_index(tmp_path, f"v{i}", lambda: _index("x"))
+        cached_index(tmp_path, "first", lambda: _index("re-downloaded"))  # used again: kept
         time.sleep(0.002)  # distinct modification times
     assert len(list((tmp_path / "index").glob("*.json"))) == KEEP
-    assert cached_index(tmp_path, "first", lambda: "re-downloaded") == 1
-    assert cached_index(tmp_path, "v0", lambda: "re-downloaded") == "re-downloaded"
+    assert cached_index(tmp_path, "first", lambda: _index("re-downloaded"))[1] == ["1"]
+    assert cached_index(tmp_path, "v0", lambda: _index("re-downloaded"))[1] == ["re-downloaded"]
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_the_compact_file_gives_back_the_same_index(
+    tmp_path: Path, compression: str | None
+) -> None:
+    write_tokens(tmp_path / "ds", 120, size_limit=600, compression=compression)
+    index = load_index(tmp_path / "ds" / "index.json")
+    keys = [shard.stored.basename for shard in index.shards]
+    assert len(index.shards) > 3
+    again, again_keys = decode(encode(index, keys), tmp_path / "x.json")
+    assert again == index and again_keys == keys
+    assert len(encode(index, keys)) < len((tmp_path / "ds" / "index.json").read_bytes()) / 2
+
+
+def test_a_damaged_file_is_downloaded_again(tmp_path: Path) -> None:
+    cached_index(tmp_path, "v", lambda: _index("first"))
+    [path] = (tmp_path / "index").glob("*.json")
+    path.write_bytes(path.read_bytes()[:-5])  # truncated
+    assert cached_index(tmp_path, "v", lambda: _index("second"))[1] == ["second"]
+    assert cached_index(tmp_path, "v", lambda: _index("third"))[1] == ["second"]
