@@ -6,6 +6,7 @@
     <root>/tmp/<name>.<size>.<pid>/     one in-flight download each (the fetch writes here)
     <root>/locks/<name>.dl              download locks; exist only while a download runs
     <root>/usage                        the space lock, holding a size *hint* (see cache_space)
+    <root>/index/<digest>.json          server versions' shard indexes (see index_cache)
 
 A key such as ``"<version-id>/shard.00001.mds"`` becomes one flat, reversible file name
 (``/`` and every other unsafe byte percent-escaped), so a key can never name anything
@@ -101,6 +102,11 @@ class CacheLayout:
         return self.root / "locks"
 
     @property
+    def index(self) -> Path:
+        """Folder of server versions' shard indexes (:mod:`..index_cache`)."""
+        return self.root / "index"
+
+    @property
     def usage(self) -> Path:
         """The space lock file (and size hint)."""
         return self.root / "usage"
@@ -117,10 +123,11 @@ class CacheLayout:
         """The private folder of one download (its size reserved by the name)."""
         return self.root / "tmp" / f"{name}.{size}.{pid}"
 
-    def create(self) -> None:
-        """Create the folders; a clear ConfigError if the root is not usable."""
+    def create(self, *folders: Path) -> None:
+        """Create ``folders`` (default: those of the shard cache); a clear ConfigError if
+        the root is not usable."""
         try:
-            for folder in (self.data, self.tmp, self.locks):
+            for folder in folders or (self.data, self.tmp, self.locks):
                 folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ConfigError(

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from shardstream.client._filelock import lock_path, unlink_and_close
+from shardstream.client.cache_keys import CacheLayout
 from shardstream.errors import ConfigError
 from shardstream.mds import FileInfo, MDSIndex, ShardInfo
 
@@ -51,14 +52,9 @@ def cached_index(
 
     Concurrent callers on one node download once: the others wait for the first.
     """
-    folder = cache_root / "index"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot use cache directory {cache_root} ({exc.strerror}); set "
-            "SHARDSTREAM_CACHE_DIR (or CacheOptions.dir) to a writable local folder"
-        ) from exc
+    layout = CacheLayout(cache_root)
+    folder = layout.index
+    layout.create(folder)
     path = folder / f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.json"
     cached = _load(path)
     if cached is not None:

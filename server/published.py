@@ -11,6 +11,8 @@ requests cost no query and no thread hop.
   once (:meth:`PublishedCache.forget_dataset`), through another one within ``ttl_s``,
   as token revocation does. Drafts are never cached.
 - Shard index pages are cached as response bytes under their ETag.
+- A version's set of shard keys is kept to check presign requests (a million keys in
+  all; keys of larger versions are checked in the database, request by request).
 - Presigned URLs are reused while at least half of the asked lifetime is left, so a
   thousand ranks presigning the same shards cost one signature each.
 - Concurrent misses for the same thing wait for one database query (single flight):
