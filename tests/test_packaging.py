@@ -7,6 +7,8 @@ wheel whose import names are ``shardstream.*`` only, with a working console scri
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -20,9 +22,33 @@ REPO = Path(__file__).resolve().parents[1]
 SUBPACKAGES = ("shardstream.client", "shardstream.server", "shardstream.shard_builder")
 
 
+def _source_tree(dest: Path) -> Path:
+    """A copy of the checkout's files (tracked and new, not ignored), symlinks kept.
+
+    Building from the checkout itself would reuse its ignored ``build/`` folder, where
+    setuptools leaves modules that were since removed, and ship them in the wheel.
+    """
+    listed = subprocess.run(
+        ["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        check=True,
+        capture_output=True,
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        source, target = REPO / name, dest / name
+        if not source.exists() and not source.is_symlink():
+            continue  # deleted in the working tree
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():
+            target.symlink_to(os.readlink(source))
+        else:
+            shutil.copy2(source, target)
+    return dest
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    source = _source_tree(tmp_path_factory.mktemp("source"))
     subprocess.run(
         [
             sys.executable,
@@ -32,7 +58,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "--no-isolation",
             "--outdir",
             str(out),
-            str(REPO),
+            str(source),
         ],
         check=True,
         capture_output=True,
