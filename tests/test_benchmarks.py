@@ -47,3 +47,20 @@ def test_server_load_runs_every_phase_without_errors(postgres_server_url: str) -
         assert table[(phase, "requests")][:2] == [requests, requests], phase
         assert table[(phase, "errors")][:2] == [0.0, 0.0], (phase, done.stderr[-2000:])
         assert all(v > 0 for v in table[(phase, "req/s")][:2])
+
+
+@pytest.mark.timeout(300)
+def test_index_startup_opens_the_dataset_every_way() -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "index_startup.py"), "--shards", "300"]
+    cmd += ["--ranks", "2", "--database", "sqlite"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=280, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = done.stdout.split("open StreamingDataset by name", 1)[1].splitlines()[1:]
+    names = [row[:40].strip() for row in rows if row.strip()]
+    assert names == [
+        "previous client, every rank",
+        "cold node, 1 rank",
+        "cold node, 2 ranks at once (slowest)",
+        "restart (node cache)",
+    ]
+    assert all(float(row[40:].split()[0]) > 0 for row in rows if row.strip())
