@@ -21,6 +21,7 @@ requests cost no query and no thread hop.
 
 from __future__ import annotations
 
+import gzip
 import threading
 import time
 from collections import OrderedDict
@@ -59,6 +60,16 @@ class VersionSnapshot:
             return None
         suffix = "".join(f"-{p}" for p in parts)
         return f'"v{self.id}.{self.published_us}{suffix}"'
+
+
+def gzip_etag(etag: str) -> str:
+    """The strong ETag of the gzip-compressed form of the body tagged ``etag``."""
+    return etag[:-1] + '.gz"'
+
+
+def _gzip(body: bytes) -> bytes:
+    # mtime=0: the same page compresses to the same bytes in every process and replica
+    return gzip.compress(body, compresslevel=6, mtime=0)
 
 
 class _LRU(Generic[K, T]):
@@ -171,20 +182,28 @@ class PublishedCache:
         """Drop the dataset's versions (it was deleted through this process)."""
         self._versions.drop(lambda key, _: key[0] != dataset)
 
-    async def page(self, etag: str | None, load: Callable[[], bytes]) -> bytes:
-        """A shard index page by ETag; drafts (no ETag) are loaded every time."""
+    async def page(
+        self, etag: str | None, load: Callable[[], bytes], *, gzipped: bool = False
+    ) -> bytes:
+        """A shard index page by ETag, gzip-compressed if ``gzipped`` (both forms are kept,
+        each made once); drafts (no ETag) are loaded every time, never compressed."""
         if etag is None:
             return await run_in_threadpool(load)
-        body = self.pages.get(etag)
+        key = gzip_etag(etag) if gzipped else etag
+        body = self.pages.get(key)
         if body is not None:
             return body
 
         async def fetch() -> bytes:
-            loaded = await run_in_threadpool(load)
-            self.pages.put(etag, loaded)
+            if gzipped:
+                plain = await self.page(etag, load)
+                loaded = await run_in_threadpool(_gzip, plain)
+            else:
+                loaded = await run_in_threadpool(load)
+            self.pages.put(key, loaded)
             return loaded
 
-        return await self._page_flight.run(etag, fetch)
+        return await self._page_flight.run(key, fetch)
 
     async def keys(
         self, version: VersionSnapshot, load: Callable[[], frozenset[str]]

@@ -48,6 +48,22 @@ def not_modified(request: Request, etag: str | None) -> Response | None:
     return None
 
 
+def accepts_gzip(request: Request) -> bool:
+    """Whether the client's ``Accept-Encoding`` takes gzip (``gzip`` or ``*``, q > 0)."""
+    for part in request.headers.get("accept-encoding", "").split(","):
+        name, _, params = part.partition(";")
+        if name.strip().lower() not in ("gzip", "*"):
+            continue
+        weight = params.strip()
+        if not weight:
+            return True
+        try:
+            return float(weight.removeprefix("q=")) > 0
+        except ValueError:
+            return False
+    return False
+
+
 def set_cache_headers(response: Response, etag: str | None) -> None:
     """Long-lived caching for published content, none for drafts."""
     if etag is None:

@@ -162,3 +162,51 @@ def test_presign_signs_for_the_public_endpoint(
     assert url.startswith(public)
     assert httpx.get(url).content == b"abc"
     application.state.engine.dispose()
+
+
+def test_large_pages_are_sent_gzipped_to_clients_that_take_it(
+    api: TestClient, tmp_path: Path
+) -> None:
+    version = make_published(api, "gz", tmp_path / "gz", shards=300)
+    url = f"/v1/datasets/gz/versions/{version['number']}/shards"
+    plain = api.get(url, params={"limit": 300}, headers={"Accept-Encoding": "identity"})
+    packed = api.get(url, params={"limit": 300}, headers={"Accept-Encoding": "br, gzip;q=0.5"})
+    assert plain.status_code == packed.status_code == 200
+    assert "content-encoding" not in plain.headers
+    assert packed.headers["content-encoding"] == "gzip"
+    assert plain.headers["vary"] == packed.headers["vary"] == "Accept-Encoding"
+    assert packed.json() == plain.json() and len(plain.json()["items"]) == 300
+    assert packed.num_bytes_downloaded * 4 < plain.num_bytes_downloaded
+    # Two representations, two strong ETags; each revalidates only its own.
+    assert packed.headers["etag"] == plain.headers["etag"][:-1] + '.gz"'
+    again = api.get(
+        url,
+        params={"limit": 300},
+        headers={"Accept-Encoding": "gzip", "If-None-Match": packed.headers["etag"]},
+    )
+    assert again.status_code == 304 and again.headers["etag"] == packed.headers["etag"]
+    switched = api.get(
+        url,
+        params={"limit": 300},
+        headers={"Accept-Encoding": "gzip", "If-None-Match": plain.headers["etag"]},
+    )
+    assert switched.status_code == 200 and switched.json() == plain.json()
+    # Small pages and refusals stay plain.
+    small = api.get(url, params={"limit": 99}, headers={"Accept-Encoding": "gzip"})
+    assert "content-encoding" not in small.headers
+    refused = api.get(url, params={"limit": 300}, headers={"Accept-Encoding": "gzip;q=0, *;q=0"})
+    assert "content-encoding" not in refused.headers and refused.json() == plain.json()
+
+
+def test_draft_pages_are_never_compressed(api: TestClient, tmp_path: Path) -> None:
+    api.post("/v1/datasets", json={"name": "gzd"})
+    v = api.post(
+        "/v1/datasets/gzd/versions", json={"columns": {}, "storage_root": tmp_path.as_uri()}
+    ).json()
+    url = f"/v1/datasets/gzd/versions/{v['number']}/shards"
+    body = {"shards": [shard(i) for i in range(200)]}
+    assert api.post(url, json=body).status_code == 200
+    page = api.get(url, params={"limit": 200}, headers={"Accept-Encoding": "gzip"})
+    assert page.status_code == 200 and len(page.json()["items"]) == 200
+    assert "content-encoding" not in page.headers and "etag" not in page.headers
+    assert page.headers["cache-control"] == "no-store"

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from shardstream.errors import ConflictError
 from shardstream.server.api.caching import (
+    accepts_gzip,
     not_modified,
     published_only,
     set_cache_headers,
@@ -29,12 +30,15 @@ from shardstream.server.api.deps import (
     VersionNumber,
 )
 from shardstream.server.data import shards as data
+from shardstream.server.published import gzip_etag
 from shardstream.server.stores import presign
 from shardstream.wire import Page, PresignRequest, PresignResponse, ShardRecord
 
 router = APIRouter(
     prefix="/v1/datasets/{name}/versions/{number}", tags=["shards"], responses=ERRORS
 )
+
+GZIP_MIN_LIMIT = 100  # pages asked with at least this many shards may be compressed
 
 ShardLimit = Annotated[int, Query(ge=1, le=10_000, description="shards per page")]
 
@@ -53,7 +57,11 @@ async def list_shards(
     who.require_dataset(name)
     version = await version_snapshot(request, name, number)
     etag = version.etag(cursor or 0, limit)
-    cached = not_modified(request, etag)
+    # Large pages of published versions go out gzip-compressed (~7x smaller) to clients
+    # that take it, compressed once per process like the page itself.
+    gzipped = etag is not None and limit >= GZIP_MIN_LIMIT and accepts_gzip(request)
+    sent_etag = gzip_etag(etag) if gzipped and etag is not None else etag
+    cached = not_modified(request, sent_etag)
     if cached is not None:
         return cached
     factory = request.app.state.read_sessions
@@ -62,9 +70,13 @@ async def list_shards(
         with factory() as session:
             return data.page_json(session, version.id, cursor=cursor, limit=limit)
 
-    body = await request.app.state.published.page(etag, load)
+    body = await request.app.state.published.page(etag, load, gzipped=gzipped)
     out = Response(content=body, media_type="application/json")
-    set_cache_headers(out, etag)
+    if gzipped:
+        out.headers["Content-Encoding"] = "gzip"
+    if etag is not None:
+        out.headers["Vary"] = "Accept-Encoding"
+    set_cache_headers(out, sent_etag)
     return out
 
 
