@@ -69,7 +69,7 @@ def gzip_etag(etag: str) -> str:
 
 def _gzip(body: bytes) -> bytes:
     # mtime=0: the same page compresses to the same bytes in every process and replica
-    return gzip.compress(body, compresslevel=6, mtime=0)
+    return gzip.compress(body, compresslevel=1, mtime=0)  # ~6x smaller already, and fast
 
 
 class _LRU(Generic[K, T]):

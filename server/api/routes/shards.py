@@ -57,7 +57,7 @@ async def list_shards(
     who.require_dataset(name)
     version = await version_snapshot(request, name, number)
     etag = version.etag(cursor or 0, limit)
-    # Large pages of published versions go out gzip-compressed (~7x smaller) to clients
+    # Large pages of published versions go out gzip-compressed (~6x smaller) to clients
     # that take it, compressed once per process like the page itself.
     gzipped = etag is not None and limit >= GZIP_MIN_LIMIT and accepts_gzip(request)
     sent_etag = gzip_etag(etag) if gzipped and etag is not None else etag
