@@ -123,6 +123,7 @@ def main() -> None:
     base = f"http://127.0.0.1:{port}"
     admin = "ss_bench_" + secrets.token_urlsafe(24)
     env = {**os.environ, "SHARDSTREAM_ADMIN_TOKEN": admin, "SHARDSTREAM_LOG_LEVEL": "WARNING"}
+    env["SHARDSTREAM_STORAGE_ROOTS"] = str(tmp)  # the admin registers tmp/shards in place
     workers = args.workers if args.database == "postgresql" else 1
     cmd = [sys.executable, "-m", "shardstream", "server", "--database-url", url]
     cmd += ["--port", str(port), "--data-dir", str(tmp), "--workers", str(workers)]

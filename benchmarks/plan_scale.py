@@ -8,6 +8,8 @@ epoch plan from the shard sizes, seed and epoch; walk the rank's shard list in n
 * shardstream at the target scale: 1e9 samples in 100k shards (random sizes), 512 nodes x 8
   ranks x 8 workers, 8 samples per rank per batch, ``num_partitions`` = 4096 (one per rank).
   Target: < 1 s and < 100 MB. Also: all of that worker's batches for the whole epoch.
+  ``shardstream:default`` uses the loader's default shape for that job (4 partitions a
+  rank), ``shardstream:resumed`` the same plan read by 2,048 ranks after an elastic resume.
 * MosaicML Streaming's equivalent (``py1e`` shuffle + ``get_partitions_orig`` for the same
   topology) materializes int64/float64 arrays per sample, so it runs at 1e7 samples (a
   1e9 run needs tens of GB); shardstream is measured at 1e7 too for the side-by-side ratio.
@@ -49,17 +51,25 @@ def _sizes(samples: int, shards: int) -> NDArray[np.int64]:
     return sizes
 
 
-def child_ours(samples: int, shards: int) -> dict[str, Any]:
+def child_ours(samples: int, shards: int, shape: str = "one") -> dict[str, Any]:
+    """``shape``: ``one`` partition a rank; ``default``: the loader's default for this world
+    size (4 a rank); ``resumed``: that default read by half the ranks (after a resume)."""
     from shardstream.client.plan import EpochPlan, PlanConfig, SourceSpec
+    from shardstream.client.plan._defaults import default_shape
 
     sizes = _sizes(samples, shards)
     world = NODES * RANKS
-    rank, worker = world - 1, WORKERS - 1
+    batch = world * PER_RANK
     rss0 = _rss_kib("VmRSS")
     tracemalloc.start()
     t0 = time.perf_counter()
-    cfg = PlanConfig(seed=7, global_batch_size=world * PER_RANK, num_partitions=world)
-    plan = EpochPlan([SourceSpec(shard_sizes=sizes)], cfg, epoch=3)
+    specs = [SourceSpec(shard_sizes=sizes)]
+    parts, window = (world, None) if shape == "one" else default_shape(batch, world, specs)
+    if shape == "resumed":
+        world //= 2
+    rank, worker = world - 1, WORKERS - 1
+    cfg = PlanConfig(seed=7, global_batch_size=batch, num_partitions=parts, window=window)
+    plan = EpochPlan(specs, cfg, epoch=3)
     t1 = time.perf_counter()
     order = plan.rank_shards(rank, world, start_batch=0)
     walked = sum(1 for _ in order.tolist())
@@ -73,7 +83,7 @@ def child_ours(samples: int, shards: int) -> dict[str, Any]:
     t4 = time.perf_counter()
     whole = plan.rank_batches(np.array(mine), rank, world)
     t5 = time.perf_counter()
-    assert first.shape == (8, PER_RANK) and walked == order.size
+    assert first.shape == (8, batch // world) and walked == order.size
     return {
         "construct_s": t1 - t0,
         "shard_order_s": t2 - t1,
@@ -132,8 +142,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         kind, samples, shards = args.child[0], int(args.child[1]), int(args.child[2])
-        fn = child_ours if kind == "ours" else child_mosaic
-        print(json.dumps(fn(samples, shards)))
+        if kind.startswith("ours"):
+            print(json.dumps(child_ours(samples, shards, kind.partition(":")[2] or "one")))
+        else:
+            print(json.dumps(child_mosaic(samples, shards)))
         return
     topo = f"{NODES} nodes x {RANKS} ranks x {WORKERS} workers, {PER_RANK} samples/rank/batch"
     print(f"planning one rank's epoch ({topo}); each row a fresh process")
@@ -142,12 +154,15 @@ def main() -> None:
     print(f"{'planner':<22} {'samples':>13} {'shards':>7} " + " ".join(f"{c:>15}" for c in cols))
     rows = [
         ("shardstream", 10**9, 100_000),
+        ("shardstream:default", 10**9, 100_000),
+        ("shardstream:resumed", 10**9, 100_000),
         ("shardstream", 10**7, 1_000),
         ("mosaicml py1e+orig", 10**7, 1_000),
     ]
     results = {}
     for name, samples, shards in rows:
-        res = run_child("ours" if name == "shardstream" else "mosaic", samples, shards)
+        kind = "ours" + name[len("shardstream") :] if name.startswith("shardstream") else "mosaic"
+        res = run_child(kind, samples, shards)
         results[(name, samples)] = res
         vals = " ".join(f"{res[c]:>15.3f}" for c in cols)
         print(f"{name:<22} {samples:>13,} {shards:>7,} {vals}", flush=True)

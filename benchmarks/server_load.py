@@ -277,8 +277,10 @@ def _seed(
             )
         api.add_shards("bench", draft.number, records)
         api.publish_version("bench", draft.number)
-        nodes = (args.ranks + RANKS_PER_NODE - 1) // RANKS_PER_NODE
-        runs = [api.create_run([("bench", 1)], global_batch_size=256).id for _ in range(nodes)]
+    nodes = (args.ranks + RANKS_PER_NODE - 1) // RANKS_PER_NODE
+    # Runs belong to the token that creates them: the one that commits their checkpoints.
+    with APIClient(base, token) as bench:
+        runs = [bench.create_run([("bench", 1)], global_batch_size=256).id for _ in range(nodes)]
     return token, runs
 
 
@@ -341,6 +343,7 @@ def run_backend(backend: str, args: argparse.Namespace) -> dict[str, dict[str, f
         "SHARDSTREAM_ADMIN_TOKEN": admin_token,
         "SHARDSTREAM_LOG_LEVEL": "WARNING",
         "SHARDSTREAM_DB_POOL_SIZE": "16",
+        "SHARDSTREAM_STORAGE_ROOTS": str(tmp),  # the admin registers tmp/shards in place
     }
     cmd = [sys.executable, "-m", "shardstream", "server", "--database-url", url]
     cmd += ["--port", str(port), "--data-dir", str(tmp), "--workers", str(workers)]

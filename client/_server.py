@@ -5,6 +5,7 @@ Kept apart so that reading an ``index.json`` URL never needs the server or its c
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,7 +60,12 @@ def resolve_named(source: Source, server: ServerOptions, cache_root: Path) -> Re
                 f"dataset {name}@{version.number} is {version.status.value}; only "
                 "published versions can be read (publish it, or name a published version)"
             )
-        identity = "\0".join([url, name, str(version.number), version.published_at.isoformat()])
+        # Everything that tells this version's content apart from any other's: the
+        # server, the dataset (a re-created name gets a new version id and publication
+        # time), the version. Shards are keyed by it in the node cache, with their hash.
+        identity = "\0".join(
+            [url, name, str(version.number), str(version.id), version.published_at.isoformat()]
+        )
         where = f"dataset {name}@{version.number}"
         index, keys = cached_index(
             cache_root, identity, lambda: _download_index(api, name, version.number, where)
@@ -76,6 +82,7 @@ def resolve_named(source: Source, server: ServerOptions, cache_root: Path) -> Re
         server=url,
         dataset=name,
         token=token,
+        scope="srv-" + hashlib.sha256(identity.encode()).hexdigest()[:16],
     )
 
 

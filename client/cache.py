@@ -11,16 +11,24 @@ no barriers), so processes may come, go, fork or be SIGKILLed at any moment.
 How a lease works (see ``docs/cache.md`` for the full story):
 
 * **hit**: open ``data/<name>``, take a shared ``flock`` on it (the *pin*: eviction needs
-  an exclusive one), ``fstat``. The pin lasts until the lease is released.
+  an exclusive one), ``fstat``, and check that the file is still the one whose hash was
+  verified (:mod:`~shardstream.client.verify`: a remembered ``fstat`` identity, or the
+  shard's verified marker on first use in a process, or else a full hash). A file that
+  fails (a flipped byte, truncated, zeroed, edited) is evicted and fetched again, once;
+  only a source whose own bytes are wrong raises. The pin lasts until the lease is
+  released; releasing it while the cache is over its limit evicts back to the limit.
 * **miss**: take the shard's download lock (``locks/<name>.dl``, exclusive, blocking), so
   exactly one process downloads while the others wait and then find the file. The
   downloader reserves the size (evicting least recently used, unpinned shards), calls
   ``fetch(tmp)`` to write the verified, uncompressed bytes into a private ``tmp/``
   folder, pins the result and renames it into ``data/``: readers see the whole shard or
-  nothing, and it is pinned from the instant it appears.
+  nothing, and it is pinned from the instant it appears. The new file is hashed against
+  the published hash before the rename, and its verified marker written after it.
 
 Module layout: :mod:`~shardstream.client.cache_keys` (names and folders),
 :mod:`~shardstream.client.cache_space` (limit, scans, eviction),
+:mod:`~shardstream.client.verify` (verified markers),
+:mod:`~shardstream.client.cache_lease` (leases and counters),
 :mod:`~shardstream.client._filelock` (the locks).
 """
 
@@ -36,15 +44,15 @@ import stat
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 from shardstream.client._filelock import lock_path, pin_file, unlink_and_close
 from shardstream.client.cache_keys import CacheLayout, key_to_name, leaf_name
+from shardstream.client.cache_lease import CacheStats, ShardLease
 from shardstream.client.cache_space import CacheSpace
+from shardstream.client.verify import Identity, TrustedFiles, file_identity, first_digest
 from shardstream.errors import ConfigError, CorruptShardError
 
 __all__ = ["CacheStats", "Fetch", "ShardCache", "ShardLease"]
@@ -55,81 +63,15 @@ Fetch = Callable[[Path], None]
 """Writes the final (verified, uncompressed) bytes of a shard to the path it is given."""
 
 
-@dataclass
-class CacheStats:
-    """What one process did with the cache (counters start at zero in every process)."""
-
-    hits: int = 0
-    """Leases that found the shard cached."""
-    misses: int = 0
-    """Leases that did not; each is a ``download`` or a ``wait``."""
-    downloads: int = 0
-    """Fetches this process ran to completion."""
-    waits: int = 0
-    """Misses served by another process's download (we waited on its lock)."""
-    bytes_downloaded: int = 0
-    evictions: int = 0
-    bytes_evicted: int = 0
-    scans: int = 0
-    """Directory scans (only when the limit is near or the size hint is stale)."""
-    over_limit: int = 0
-    """Downloads that went over the limit because every other shard was pinned."""
-
-
-class ShardLease:
-    """A pinned, cached shard: ``path`` is not evicted until :meth:`release`.
-
-    Usable as a context manager. After release the file may be evicted (unlinked), but
-    memory maps and open descriptors of it stay valid: they hold the inode.
-    """
-
-    __slots__ = ("_fd", "key", "path", "size")
-
-    def __init__(self, key: str, path: Path, fd: int, size: int) -> None:
-        self.key = key
-        self.path = path
-        self.size = size
-        self._fd: int | None = fd
-
-    @property
-    def released(self) -> bool:
-        """True once :meth:`release` ran."""
-        return self._fd is None
-
-    def release(self) -> None:
-        """Unpin the shard (idempotent). Closing, not LOCK_UN: see ``_filelock``."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
-
-    def __enter__(self) -> Path:
-        return self.path
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
-
-    def __del__(self) -> None:
-        # A forgotten lease must not leak its pin; at interpreter exit the kernel does it.
-        with contextlib.suppress(Exception):
-            self.release()
-
-    def __repr__(self) -> str:
-        state = "released" if self.released else "held"
-        return f"ShardLease({self.key!r}, {state})"
-
-
 class _ProcessState:
     """Per-process mutable state, recreated after a fork (stats are per process)."""
 
-    def __init__(self) -> None:
+    def __init__(self, marker_path: Callable[[str], Path]) -> None:
         self.lock = threading.Lock()
         self.stats = CacheStats()
         self.warned_over_limit = False
+        self.trusted = TrustedFiles(marker_path)
+        self.touched: dict[str, int] = {}
 
 
 # Every live cache, so a forked child can give each one fresh per-process state.
@@ -144,9 +86,10 @@ class ShardCache:
     ``limit_bytes`` None means unbounded. A single shard larger than the limit is a
     ConfigError (the limit must hold at least every shard open at once). The limit is
     exceeded only when every cached shard is pinned by a lease; that logs one warning per
-    process. ``rescan_interval_s`` bounds how long the shared size hint is trusted
-    without a directory scan; ``touch_interval_s`` how often a hit refreshes a shard's
-    ``mtime`` (its LRU age). Safe to share between threads and across ``fork``.
+    process, and the cache returns within the limit as those pins are released (and
+    whenever a cache opens on the folder). ``rescan_interval_s`` bounds how long the
+    shared size hint is trusted without a directory scan; ``touch_interval_s`` how often
+    a hit refreshes a shard's LRU age. Safe to share between threads and across ``fork``.
     """
 
     def __init__(
@@ -165,7 +108,7 @@ class ShardCache:
         self._layout.create()
         self._space = CacheSpace(self._layout, limit_bytes, rescan_interval_s)
         self._touch_ns = int(touch_interval_s * 1e9)
-        self._state = _ProcessState()
+        self._state = _ProcessState(self._layout.marker_path)
         self._names: dict[str, tuple[str, Path]] = {}
         _CACHES.add(self)
         try:
@@ -181,6 +124,16 @@ class ShardCache:
             log.info(
                 "shard cache %s: removed %d downloads left by dead processes", self.root, swept
             )
+        if limit_bytes is not None:
+            _record_limit(self._layout.limit_file, limit_bytes)
+            done = self._space.enforce()
+            if done.evicted:
+                log.info(
+                    "shard cache %s: evicted %d shards (%d bytes) to return within its limit",
+                    self.root,
+                    done.evicted,
+                    done.evicted_bytes,
+                )
 
     @property
     def root(self) -> Path:
@@ -211,29 +164,48 @@ class ShardCache:
         return self.path(key).exists()
 
     @contextmanager
-    def lease(self, key: str, fetch: Fetch, *, size: int) -> Iterator[Path]:
+    def lease(
+        self, key: str, fetch: Fetch, *, size: int, hashes: Mapping[str, str] | None = None
+    ) -> Iterator[Path]:
         """Pin ``key`` for the ``with`` block, downloading it first if needed.
 
         ``fetch(tmp)`` runs in at most one process per node at a time per key; it must
         write exactly ``size`` bytes (the final, uncompressed shard) to ``tmp``.
+        ``hashes`` are the shard's published digests (``raw_data.hashes`` of
+        ``index.json``): the file is checked against them when it enters the cache and
+        whenever it may have changed since. Without them the cache records its own digest
+        of what the fetch wrote, and re-fetches a file it can no longer vouch for.
         """
-        held = self.acquire(key, fetch, size=size)
+        held = self.acquire(key, fetch, size=size, hashes=hashes)
         try:
             yield held.path
         finally:
             held.release()
 
-    def prefetch(self, key: str, fetch: Fetch, *, size: int) -> bool:
+    def prefetch(
+        self, key: str, fetch: Fetch, *, size: int, hashes: Mapping[str, str] | None = None
+    ) -> bool:
         """Make sure ``key`` is cached without holding it; True if this call downloaded it."""
-        held, downloaded = self._acquire(key, fetch, size)
+        held, downloaded = self._acquire(key, fetch, size, hashes or {})
         held.release()
         return downloaded
 
-    def acquire(self, key: str, fetch: Fetch, *, size: int) -> ShardLease:
+    def acquire(
+        self, key: str, fetch: Fetch, *, size: int, hashes: Mapping[str, str] | None = None
+    ) -> ShardLease:
         """Like :meth:`lease`, returning a :class:`ShardLease` to release explicitly."""
-        return self._acquire(key, fetch, size)[0]
+        return self._acquire(key, fetch, size, hashes or {})[0]
 
-    def _acquire(self, key: str, fetch: Fetch, size: int) -> tuple[ShardLease, bool]:
+    def enforce_limit(self) -> int:
+        """Evict unpinned shards until the cache is within its limit; returns how many
+        were evicted (a shard in use is never evicted, so the cache may stay over)."""
+        done = self._space.enforce()
+        self._count(evictions=done.evicted, bytes_evicted=done.evicted_bytes)
+        return done.evicted
+
+    def _acquire(
+        self, key: str, fetch: Fetch, size: int, hashes: Mapping[str, str]
+    ) -> tuple[ShardLease, bool]:
         """(the pinned shard, whether this call downloaded it)."""
         name, data = self._names.get(key) or self._resolve(key)
         limit = self._space.limit_bytes
@@ -245,28 +217,104 @@ class ShardCache:
                 "bytes; raise the cache limit (CacheOptions.limit_bytes) to several shards"
             )
         pinned = pin_file(data)
+        rejected = None
         if pinned is not None:
-            _check_cached_size(pinned, key, data, size)
-            self._touch(*pinned)
-            with self._state.lock:
-                self._state.stats.hits += 1
-            return ShardLease(key, data, pinned[0], size), False
+            problem = self._problem(name, pinned, size, hashes)
+            if not problem:
+                self._touch(name)
+                with self._state.lock:
+                    self._state.stats.hits += 1
+                return self._lease(key, data, pinned[0], size), False
+            os.close(pinned[0])
+            # A downloader renames a shard in and then records its marker (the rename
+            # changes the ctime the marker binds to), both under the download lock. A file
+            # with no marker yet may be such a shard: decide under that lock, quietly.
+            if self._layout.marker_path(name).exists():
+                self._warn_refused(key, problem)
+                rejected = file_identity(pinned[1])
         self._count(misses=1)
-        return self._download(key, name, data, fetch, size)
+        return self._download(key, name, data, fetch, size=size, hashes=hashes, rejected=rejected)
+
+    def _usable(
+        self,
+        key: str,
+        name: str,
+        pinned: tuple[int, os.stat_result],
+        size: int,
+        hashes: Mapping[str, str],
+    ) -> bool:
+        """Whether the pinned cached file holds the verified bytes of ``key``."""
+        problem = self._problem(name, pinned, size, hashes)
+        if problem:
+            self._warn_refused(key, problem)
+        return not problem
+
+    def _problem(
+        self, name: str, pinned: tuple[int, os.stat_result], size: int, hashes: Mapping[str, str]
+    ) -> str:
+        """Why the pinned cached file cannot be used ("" when it can)."""
+        fd, st = pinned
+        if st.st_size != size:
+            return f"holds {st.st_size} bytes, not {size}"
+        return self._state.trusted.check(name, fd, st, hashes) or ""
+
+    def _warn_refused(self, key: str, problem: str) -> None:
+        log.warning(
+            "shard cache %s: cached shard %r failed its check (%s): it changed, was "
+            "truncated or is corrupt; evicting it and fetching it again",
+            self.root,
+            key,
+            problem,
+        )
+
+    def _discard(self, name: str, data: Path) -> None:
+        """Remove a cached file that failed its check; the caller holds its download lock.
+        Readers that pinned it keep their (bad) mapping; no one new can get it."""
+        self._state.trusted.forget(name)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(data)
+        self._count(repaired=1)
+
+    def _lease(self, key: str, data: Path, fd: int, size: int) -> ShardLease:
+        return ShardLease(key, data, fd, size, self._after_release)
+
+    def _after_release(self) -> None:
+        """A pin went away: if the cache is over its limit, this may be what kept it."""
+        if self._space.limit_bytes is None or not self._space.is_flagged_over():
+            return
+        try:
+            self.enforce_limit()
+        except OSError as exc:  # releasing must not fail; the next open or miss retries
+            log.debug("shard cache %s: eviction after release failed: %s", self.root, exc)
 
     def _download(
-        self, key: str, name: str, data: Path, fetch: Fetch, size: int
+        self,
+        key: str,
+        name: str,
+        data: Path,
+        fetch: Fetch,
+        *,
+        size: int,
+        hashes: Mapping[str, str],
+        rejected: Identity | None,
     ) -> tuple[ShardLease, bool]:
-        """The miss path: one downloader per shard per node, the others wait and reuse."""
+        """The miss path: one downloader per shard per node, the others wait and reuse.
+
+        ``rejected``: the identity of the cached file the hit path just refused; if it is
+        still there it is discarded without a second check."""
         lock = self._layout.download_lock(name)
         lock_fd = lock_path(lock, blocking=True)
         assert lock_fd is not None  # blocking
         try:
             pinned = pin_file(data)
-            if pinned is not None:  # another process finished it while we waited
-                _check_cached_size(pinned, key, data, size)
-                self._count(waits=1)
-                return ShardLease(key, data, pinned[0], size), False
+            if pinned is not None:  # another process finished or repaired it meanwhile
+                if file_identity(pinned[1]) != rejected and self._usable(
+                    key, name, pinned, size, hashes
+                ):
+                    self._count(waits=1)
+                    return self._lease(key, data, pinned[0], size), False
+                os.close(pinned[0])
+                self._discard(name, data)
             res = self._space.reserve(name, size, os.getpid())
             self._count(
                 evictions=res.evicted, bytes_evicted=res.evicted_bytes, scans=int(res.scanned)
@@ -278,7 +326,18 @@ class ShardCache:
                 target = res.tmp_dir / leaf_name(key)
                 fetch(target)
                 fd, st = _pin_new(target, key, size)
+                verdict = first_digest(fd, st, hashes)
+                if not verdict.ok or verdict.marker is None:
+                    raise CorruptShardError(
+                        f"shard {key!r}: the bytes fetched from its source do not match its "
+                        f"published hash ({verdict.reason}); the stored object is corrupt or "
+                        "was replaced after its index was written: rebuild or re-upload it"
+                    )
                 os.rename(target, data)
+                st = os.fstat(fd)  # the rename changed its ctime
+                self._state.trusted.record(
+                    name, dataclasses.replace(verdict.marker, identity=file_identity(st))
+                )
             except BaseException:
                 if fd >= 0:
                     os.close(fd)
@@ -286,16 +345,22 @@ class ShardCache:
                 raise
             shutil.rmtree(res.tmp_dir, ignore_errors=True)
             self._count(downloads=1, bytes_downloaded=size)
-            return ShardLease(key, data, fd, st.st_size), True
+            return self._lease(key, data, fd, st.st_size), True
         finally:
             unlink_and_close(lock_fd, lock)
 
-    def _touch(self, fd: int, st: os.stat_result) -> None:
-        """Refresh the LRU age, at most once per ``touch_interval_s`` per shard."""
-        if time.time_ns() - st.st_mtime_ns > self._touch_ns:
+    def _touch(self, name: str) -> None:
+        """Refresh the LRU age (the marker's ``mtime``: touching the shard itself would
+        void its marker), at most once per ``touch_interval_s`` per shard and process."""
+        now = time.time_ns()
+        touched = self._state.touched
+        if now - touched.get(name, 0) > self._touch_ns:
+            if len(touched) >= _NAME_CACHE_SIZE:
+                touched.clear()
+            touched[name] = now
             # OSError: e.g. another user's file; the LRU age is advisory.
             with contextlib.suppress(OSError):
-                os.utime(fd)
+                os.utime(self._layout.marker_path(name))
 
     def _warn_over_limit(self, key: str, size: int) -> None:
         state = self._state
@@ -323,7 +388,7 @@ class ShardCache:
     def _after_fork(self) -> None:
         # The child's counters start at zero, and a lock held by another thread of the
         # parent at fork time would never be released in the child.
-        self._state = _ProcessState()
+        self._state = _ProcessState(self._layout.marker_path)
 
     def _count(self, **deltas: int) -> None:
         state = self._state
@@ -340,16 +405,17 @@ def _reset_after_fork() -> None:
 os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-def _check_cached_size(pinned: tuple[int, os.stat_result], key: str, data: Path, size: int) -> None:
-    """A cached file of another size is another shard under the same key: refuse it."""
-    fd, st = pinned
-    if st.st_size != size:
-        os.close(fd)
-        raise CorruptShardError(
-            f"shard {key!r}: the cache holds {st.st_size} bytes at {data} but the lease "
-            f"declared size={size}; cache keys must name immutable content (include the "
-            "version id), or the declared size is wrong"
-        )
+def _record_limit(path: Path, limit: int) -> None:
+    """Note the limit in the cache folder, for ``shardstream cache stats|prune``."""
+    try:
+        if path.read_text().strip() == str(limit):
+            return
+    except (OSError, ValueError):
+        pass
+    with contextlib.suppress(OSError):
+        tmp = path.with_name(f".limit.{os.getpid()}.tmp")
+        tmp.write_text(f"{limit}\n")
+        os.replace(tmp, path)
 
 
 def _pin_new(target: Path, key: str, size: int) -> tuple[int, os.stat_result]:

@@ -3,10 +3,13 @@
 ::
 
     <root>/data/<name>                  cached shards, complete and verified
+    <root>/verified/<name>.ok           each shard's verified marker; its mtime is the LRU age
     <root>/tmp/<name>.<size>.<pid>/     one in-flight download each (the fetch writes here)
     <root>/locks/<name>.dl              download locks; exist only while a download runs
     <root>/usage                        the space lock, holding a size *hint* (see cache_space)
     <root>/index/<digest>.json          server versions' shard indexes (see index_cache)
+    <root>/over-limit                   present while the cache may be over its limit
+    <root>/limit                        the limit last configured (``shardstream cache``)
 
 A key such as ``"<version-id>/shard.00001.mds"`` becomes one flat, reversible file name
 (``/`` and every other unsafe byte percent-escaped), so a key can never name anything
@@ -23,7 +26,9 @@ from urllib.parse import quote
 
 from shardstream.errors import ConfigError
 
-__all__ = ["CacheLayout", "TmpEntry", "key_to_name", "parse_tmp_name"]
+__all__ = ["MARKER_SUFFIX", "CacheLayout", "TmpEntry", "key_to_name", "parse_tmp_name"]
+
+MARKER_SUFFIX = ".ok"
 
 # Escaped names stay well under NAME_MAX (255) even with the tmp suffix ".<size>.<pid>".
 _MAX_NAME = 180
@@ -102,6 +107,28 @@ class CacheLayout:
         return self.root / "locks"
 
     @property
+    def verified(self) -> Path:
+        """Folder of verified markers, one per cached shard (:mod:`..verify`); a marker's
+        ``mtime`` is its shard's LRU age."""
+        return self.root / "verified"
+
+    @property
+    def over_flag(self) -> Path:
+        """Exists while some process found the cache over its limit; whoever releases a
+        pin then evicts (see :meth:`..cache_space.CacheSpace.enforce`)."""
+        return self.root / "over-limit"
+
+    @property
+    def limit_file(self) -> Path:
+        """The limit last configured by a process (for ``shardstream cache``)."""
+        return self.root / "limit"
+
+    def marker_path(self, name: str) -> Path:
+        """The verified marker of shard ``name`` (a suffix, so that nothing outside
+        ``data/`` looks like a shard to ``ls`` or a glob)."""
+        return self.root / "verified" / f"{name}{MARKER_SUFFIX}"
+
+    @property
     def index(self) -> Path:
         """Folder of server versions' shard indexes (:mod:`..index_cache`)."""
         return self.root / "index"
@@ -127,7 +154,7 @@ class CacheLayout:
         """Create ``folders`` (default: those of the shard cache); a clear ConfigError if
         the root is not usable."""
         try:
-            for folder in folders or (self.data, self.tmp, self.locks):
+            for folder in folders or (self.data, self.tmp, self.locks, self.verified):
                 folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ConfigError(

@@ -15,15 +15,19 @@ Hits never touch it: the lock is taken on misses only.
 
 Eviction frees a little more than needed (up to 1/16 of the limit, at most 15 shards of
 the size being added; nothing when the limit holds under 16 shards), so a full cache
-scans about once per 15 misses rather than on every one. It walks ``data/`` oldest
-``mtime`` first (hits refresh it) and deletes a file only under an exclusive,
-non-blocking ``flock``: a shard that any process has pinned (shared lock) is skipped,
-never waited for. If everything left is pinned the reservation goes over the limit, and
-the caller warns.
+scans about once per 15 misses rather than on every one. It walks ``data/`` least
+recently used first (a shard's age is its verified marker's ``mtime``, which hits
+refresh) and deletes a file only under an exclusive, non-blocking ``flock``: a shard that
+any process has pinned (shared lock) is skipped, never waited for. If everything left is
+pinned the reservation goes over the limit, the caller warns, and the ``over-limit``
+flag goes up: every process that releases a pin while it is up runs :meth:`enforce`,
+which evicts back to the limit, and so does every cache that opens. So the limit comes
+back as soon as the shards holding it over are released, not on the next miss.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
@@ -34,9 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardstream.client._filelock import lock_path, try_evict_lock, unlink_and_close
-from shardstream.client.cache_keys import CacheLayout, TmpEntry, parse_tmp_name
+from shardstream.client.cache_keys import MARKER_SUFFIX, CacheLayout, TmpEntry, parse_tmp_name
 
-__all__ = ["CacheSpace", "Reservation"]
+__all__ = ["CacheSpace", "Enforced", "Reservation", "Survey"]
 
 _MAGIC = b"shardstream-cache-usage-v1"
 
@@ -50,6 +54,28 @@ class Reservation:
     evicted_bytes: int
     scanned: bool
     over_limit: bool
+
+
+@dataclass(frozen=True)
+class Enforced:
+    """What one :meth:`CacheSpace.enforce` did; ``over`` when pinned shards alone still
+    exceed the limit."""
+
+    evicted: int
+    evicted_bytes: int
+    total: int
+    over: bool
+
+
+@dataclass(frozen=True)
+class Survey:
+    """The cache as :meth:`CacheSpace.survey` found it."""
+
+    entries: int
+    bytes: int
+    pinned: int
+    pinned_bytes: int
+    download_bytes: int
 
 
 @dataclass
@@ -67,6 +93,7 @@ class CacheSpace:
         self.layout = layout
         self.limit_bytes = limit_bytes
         self.rescan_interval_s = rescan_interval_s
+        self._over_flag = str(layout.over_flag)  # checked on every release: no Path()
 
     @contextmanager
     def _locked(self) -> Iterator[_Usage]:
@@ -108,6 +135,8 @@ class CacheSpace:
                         evicted, evicted_bytes = self._evict(files, need)
                         usage.total -= evicted_bytes
                     over = usage.total + size > limit
+            if over:
+                self._flag_over(True)
             assert usage.total is not None  # set by the scan when it was missing
             usage.total += size
             tmp_dir = self.layout.tmp_dir(name, size, pid)
@@ -146,6 +175,56 @@ class CacheSpace:
                     unlink_and_close(fd, path)
         return removed
 
+    def enforce(self, *, limit: int | None = None, force_scan: bool = False) -> Enforced:
+        """Bring the cache back within ``limit`` (default: this space's limit), evicting
+        least recently used unpinned shards; a shard in use is never touched.
+
+        Runs when a cache opens and when a pin is released while the over-limit flag is
+        up, so the limit comes back as soon as shards stop being used, not on the next
+        miss. Cheap when the hint says the cache is within the limit: no scan.
+        """
+        limit = self.limit_bytes if limit is None else limit
+        with self._locked() as usage:
+            stale = time.time() - usage.scanned_at > self.rescan_interval_s
+            if limit is None:
+                return Enforced(0, 0, usage.total or 0, False)
+            if not (force_scan or stale or usage.total is None or usage.total > limit):
+                self._flag_over(False)
+                return Enforced(0, 0, usage.total, False)
+            files = self._scan(usage)
+            assert usage.total is not None
+            evicted = freed = 0
+            if usage.total > limit:
+                evicted, freed = self._evict(files, usage.total - limit)
+                usage.total -= freed
+            over = usage.total > limit
+            self._flag_over(over)
+            return Enforced(evicted, freed, usage.total, over)
+
+    def is_flagged_over(self) -> bool:
+        """Whether some process saw the cache over its limit (one ``stat``)."""
+        return os.path.exists(self._over_flag)
+
+    def _flag_over(self, over: bool) -> None:
+        flag = self.layout.over_flag
+        if over:
+            flag.touch()
+        else:
+            flag.unlink(missing_ok=True)
+
+    def survey(self) -> Survey:
+        """Entries, bytes, and which are pinned now (probed with a non-blocking exclusive
+        lock, released at once); for ``shardstream cache stats``."""
+        entries = total = pinned = pinned_bytes = 0
+        with self._locked() as usage:
+            files = self._scan(usage)
+            downloads = usage.total - sum(f[1] for f in files) if usage.total else 0
+        for _, size, name in files:
+            entries, total = entries + 1, total + size
+            if _is_pinned(self.layout.data_path(name)):
+                pinned, pinned_bytes = pinned + 1, pinned_bytes + size
+        return Survey(entries, total, pinned, pinned_bytes, downloads)
+
     def total(self) -> int:
         """Bytes in the cache now (shards plus reserved downloads), by a fresh scan."""
         with self._locked() as usage:
@@ -180,7 +259,10 @@ class CacheSpace:
         return freed
 
     def _scan(self, usage: _Usage) -> list[tuple[int, int, str]]:
-        """Recompute the hint; returns data files as (mtime_ns, size, name)."""
+        """Recompute the hint; returns data files as (LRU age in ns, size, name).
+
+        The age is the marker's ``mtime`` (hits refresh it), or the file's own when it
+        has no marker yet."""
         live: list[TmpEntry] = []
         for entry_name in _listdir(self.layout.tmp):
             entry = parse_tmp_name(entry_name)
@@ -190,6 +272,14 @@ class CacheSpace:
                 shutil.rmtree(self.layout.tmp / entry_name, ignore_errors=True)
             else:
                 live.append(entry)
+        # Markers are listed before data/: a marker is written after its shard's rename
+        # and removed before its shard, so one whose shard is missing now is an orphan
+        # (left by a killed evictor) and goes.
+        ages = {
+            marker.removesuffix(MARKER_SUFFIX): age
+            for marker, age in _mtimes(self.layout.verified).items()
+            if marker.endswith(MARKER_SUFFIX)
+        }
         files: list[tuple[int, int, str]] = []
         with os.scandir(self.layout.data) as it:
             for dirent in it:
@@ -197,8 +287,12 @@ class CacheSpace:
                     st = dirent.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
-                files.append((st.st_mtime_ns, st.st_size, dirent.name))
+                age = max(st.st_mtime_ns, ages.get(dirent.name, 0))
+                files.append((age, st.st_size, dirent.name))
         present = {f[2] for f in files}
+        for orphan in ages.keys() - present:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.layout.marker_path(orphan))
         # tmp/ was listed first: a download renamed in between is counted once, in data/.
         reserved = sum(e.size for e in live if e.name not in present)
         usage.total = sum(f[1] for f in files) + reserved
@@ -228,15 +322,19 @@ class CacheSpace:
 
     def _evict_one(self, name: str, mtime_ns: int | None) -> int | str | None:
         """Delete shard ``name``: its size; None if pinned or gone; ``"recent"`` if it was
-        used since the scan (its ``mtime`` is no longer ``mtime_ns``) and was kept."""
+        used since the scan (its age is no longer ``mtime_ns``) and was kept."""
         path = self.layout.data_path(name)
         got = try_evict_lock(path)
         if got is None:
             return None  # pinned by a reader, or already gone
         fd, st = got
+        marker = self.layout.marker_path(name)
         try:
-            if mtime_ns is not None and st.st_mtime_ns != mtime_ns:
+            if mtime_ns is not None and max(st.st_mtime_ns, _mtime(marker)) != mtime_ns:
                 return "recent"
+            # The marker goes first: it must never vouch for a later download of ``name``.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(marker)
             os.unlink(path)
         finally:
             os.close(fd)
@@ -251,6 +349,34 @@ def _headroom(limit: int, size: int) -> int:
     """
     extra = limit // 16
     return min(extra, 15 * size) if extra >= size else 0
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return os.stat(path).st_mtime_ns
+    except FileNotFoundError:
+        return 0
+
+
+def _mtimes(folder: Path) -> dict[str, int]:
+    """``mtime`` of every file in ``folder`` by name (one ``scandir``)."""
+    out: dict[str, int] = {}
+    try:
+        with os.scandir(folder) as it:
+            for dirent in it:
+                with contextlib.suppress(FileNotFoundError):
+                    out[dirent.name] = dirent.stat(follow_symlinks=False).st_mtime_ns
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def _is_pinned(path: Path) -> bool:
+    got = try_evict_lock(path)
+    if got is None:
+        return path.exists()
+    os.close(got[0])
+    return False
 
 
 def _listdir(folder: Path) -> list[str]:

@@ -22,6 +22,7 @@ import torch.utils.data
 
 from shardstream.client.batch import ColumnSpec, numpy_allocator
 from shardstream.client.distributed import Topology, current_worker
+from shardstream.client.footprint import CacheFootprint, compute_footprint, warn_if_too_small
 from shardstream.client.options import (
     CacheOptions,
     DecodeOptions,
@@ -37,6 +38,10 @@ from shardstream.errors import ConfigError, ResumeError
 __all__ = ["StreamingDataset"]
 
 SourceLike = str | Source
+
+# At the end of an epoch, how long background cache fills may take to land (they hold only
+# the last blocks and the whole-shard check by then); a fill cut off is fetched next epoch.
+FINISH_FILLS_S = 30.0
 
 
 def shared_allocator(
@@ -94,7 +99,10 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         specs = [s if isinstance(s, Source) else Source(s) for s in items]
         self.server = server
         cache = cache or CacheOptions()
-        self.resolved: list[ResolvedSource] = [resolve_source(s, server, cache.root) for s in specs]
+        self.resolved: list[ResolvedSource] = [
+            resolve_source(s, server, cache.root, require_hashes=cache.require_hashes)
+            for s in specs
+        ]
         columns = ColumnSpec(
             [(r.source.uri, r.shards[0]) for r in self.resolved], decode or DecodeOptions()
         )
@@ -112,6 +120,7 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         self._next = 0  # next batch this process yields (its own, when a worker)
         self._slot: tuple[int, int] | None = None
         self._resume: ReaderState | None = None
+        self._size_checked = False
 
     # -- epochs -------------------------------------------------------------------------
 
@@ -140,9 +149,23 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
 
     # -- iteration ------------------------------------------------------------------------
 
+    def footprint(self, num_workers: int = 0) -> CacheFootprint:
+        """What this job holds in each node's cache at once, for its plan and cache options
+        and ``num_workers`` DataLoader workers per rank: set ``CacheOptions.limit_bytes`` to
+        at least ``bytes_per_node`` (see :mod:`~shardstream.client.footprint`)."""
+        return compute_footprint(self.stream, num_workers, self._epoch)
+
+    def check_cache_size(self, num_workers: int) -> None:
+        """Warn once (per process) when the cache limit is below :meth:`footprint`."""
+        if not self._size_checked:
+            self._size_checked = True
+            warn_if_too_small(self.stream, num_workers)
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         worker = current_worker()
         w, n = worker.worker_id, worker.num_workers
+        if w == 0:
+            self.check_cache_size(n)
         epoch, start = self._start_position(w, n)
         if start >= self.stream.num_batches(epoch):
             epoch, start = epoch + 1, w  # resumed exactly at the end of an epoch
@@ -156,6 +179,7 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
                 self._next = b + n
                 yield batch
             self._epoch, self._next = epoch + 1, w
+            self.stream.close(finish_fills_s=FINISH_FILLS_S)  # the epoch ended: keep its fills
         finally:
             self.stream.close()
 
@@ -198,8 +222,16 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         return state.to_dict()
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Resume from a :meth:`state_dict` (of this dataset, a worker, or the loader)."""
-        state = ReaderState.from_dict(state_dict)
+        """Resume from a :meth:`state_dict` (of this dataset, a worker, or the loader).
+
+        A whole ``StatefulDataLoader.state_dict()`` is accepted too: its workers' positions
+        are merged into the global one, so a new ``StatefulDataLoader`` over this dataset,
+        with any ``num_workers`` and without its own ``load_state_dict``, continues it.
+        """
+        if "_snapshot" in state_dict:  # torchdata's loader state
+            state = ReaderState.from_stateful_loader(state_dict)
+        else:
+            state = ReaderState.from_dict(state_dict)
         self.stream.accept(state)
         self._resume = state
         self._epoch = state.epoch

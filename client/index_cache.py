@@ -14,8 +14,8 @@ name (~700 bytes a shard); the file keeps each distinct schema once and a shard 
 short row, so a 100,000-shard index reads back in a fraction of the time. It is written
 only after the entries were validated, and read back without validating them again.
 Its digest covers the server URL,
-the dataset, the version number and its publication time, so a dataset deleted and
-re-created under the same name never matches an old file. The first process to arrive
+the dataset, the version number, the version's id and its publication time, so a dataset
+deleted and re-created under the same name never matches an old file. The first process to arrive
 downloads under a ``flock`` while the others wait on it, and writes through a temporary
 file and an atomic rename: a process killed mid-download leaves no partial index. At most
 :data:`KEEP` indexes are kept, the least recently used removed first.

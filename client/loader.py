@@ -77,6 +77,7 @@ class ShardstreamLoader:
             )
         self.dataset = dataset
         self.num_workers = num_workers
+        dataset.check_cache_size(num_workers)
         self.prefetch = prefetch
         self.copy = copy
         self._epoch, self._consumed = dataset.epoch, 0

@@ -20,6 +20,7 @@ from shardstream.errors import ConfigError
 __all__ = ["CacheOptions", "DecodeOptions", "PlanOptions", "ServerOptions", "Source"]
 
 TailPolicy = Literal["drop", "pad"]
+UnverifiedBlocks = Literal["whole_shard", "verify_on_completion", "refuse"]
 
 
 @dataclass(frozen=True)
@@ -69,12 +70,13 @@ class Source:
 class PlanOptions:
     """The epoch plan: order, tail policy and canonical partitions.
 
-    ``num_partitions`` (``P``) must stay the same for a whole run; it is saved in the
-    state, and a resumed reader that leaves it ``None`` adopts the saved value. The default
-    for a fresh run is the largest divisor of the global batch size up to
-    ``max(8, world size)`` that the world size divides or divides: elastic resume works for
-    world sizes that divide ``P`` or that ``P`` divides. ``window`` is the plan's mixing
-    window in samples per partition (``None``: the plan's default). ``epoch_size`` is the
+    ``num_partitions`` (``P``) and ``window`` must stay the same for a whole run; they are
+    saved in the state, and a resumed reader that leaves them ``None`` adopts the saved
+    values, so a run resumes on any world size that divides its global batch. The default
+    for a fresh run is a multiple of the world size with a few partitions a rank, and a
+    window that keeps each rank's mixing as wide as 8 shards a partition gave before (see
+    ``docs/plan.md``, *Elastic resume*). ``window`` is the plan's mixing window in samples
+    per partition (``None``: that default). ``epoch_size`` is the
     number of samples per epoch over all sources; the weighted ones share what the
     ``repeat``/``samples`` sources leave (``None``: the weighted sources' own total).
     """
@@ -115,6 +117,19 @@ class CacheOptions:
     number of parallel shard downloads per worker process; ``prefetch_shards`` how many
     shards ahead of the one being read are fetched; ``open_shards`` how many shards a
     worker keeps leased and memory-mapped.
+
+    Reads from object storage (``docs/storage.md``, "Reading from object storage at
+    scale"): with ``ranged_reads`` the samples of the next ``read_ahead_batches`` batches
+    are fetched first as block-aligned ranged reads of at most ``range_bytes``, verified
+    against the index's per-block digests, and a batch waits only for its own blocks; the
+    rest of each shard is filled into the cache in the background. ``memory_only`` is the
+    cacheless mode: no disk at all, blocks read by range into at most
+    ``memory_budget_bytes`` per process. ``unverified_blocks`` says what to do with shards
+    whose index records no block digests: ``"whole_shard"`` fetches them whole (verified
+    against the file hash before use), ``"verify_on_completion"`` reads them by range too
+    and checks the file hash only once the shard is complete (cache mode; batches may use
+    bytes before that check), ``"refuse"`` raises :class:`ConfigError`. zstd shards are
+    always fetched whole.
     """
 
     dir: Path | None = None
@@ -122,6 +137,16 @@ class CacheOptions:
     download_threads: int = 2
     prefetch_shards: int = 2
     open_shards: int = 8
+    ranged_reads: bool = True
+    range_bytes: int = 8 << 20
+    read_ahead_batches: int = 16
+    memory_only: bool = False
+    memory_budget_bytes: int = 2 << 30
+    unverified_blocks: UnverifiedBlocks = "whole_shard"
+    require_hashes: bool = False
+    """Refuse (:class:`ConfigError`) a dataset with shards whose index records no hash
+    the client can compute; by default they are read with a warning once per dataset.
+    Every shard that has one is verified whenever it enters the cache or may have changed."""
 
     def __post_init__(self) -> None:
         if self.limit_bytes is not None and self.limit_bytes < 1:
@@ -129,6 +154,14 @@ class CacheOptions:
         for name in ("download_threads", "open_shards"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"CacheOptions.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("range_bytes", "memory_budget_bytes", "read_ahead_batches"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"CacheOptions.{name} must be >= 1, got {getattr(self, name)}")
+        if self.unverified_blocks not in ("whole_shard", "verify_on_completion", "refuse"):
+            raise ConfigError(
+                "CacheOptions.unverified_blocks must be 'whole_shard', 'verify_on_completion' "
+                f"or 'refuse', got {self.unverified_blocks!r}"
+            )
         if self.prefetch_shards < 0:
             raise ConfigError(
                 f"CacheOptions.prefetch_shards must be >= 0, got {self.prefetch_shards}"

@@ -16,6 +16,7 @@ forked or spawned DataLoader worker never reuses its parent's connections.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,10 +24,19 @@ from typing import Any
 
 from shardstream.client.options import CacheOptions, ServerOptions, Source
 from shardstream.errors import ConfigError, ObjectNotFoundError
+from shardstream.hashing import SUPPORTED_HASHES, choose_verify_algo
 from shardstream.mds import MDSIndex, ShardInfo, load_index
 from shardstream.storage import ObjectStore, open_store
 
-__all__ = ["ResolvedSource", "resolve_source", "split_index_url"]
+__all__ = [
+    "ResolvedSource",
+    "check_hashes",
+    "resolve_source",
+    "split_index_url",
+    "unverifiable_shards",
+]
+
+log = logging.getLogger(__name__)
 
 _INDEX = "index.json"
 
@@ -38,7 +48,9 @@ class ResolvedSource:
     ``version_id`` is the server's version id, or for an ``index.json`` URL a digest of the
     URL and the index bytes (so a rewritten index is a different version). ``root`` is the
     store URL of the shard folder (URL sources); ``server`` / ``dataset`` locate a server
-    source. ``keys`` are the stored objects' keys, one per shard.
+    source. ``keys`` are the stored objects' keys, one per shard. ``scope`` names the
+    immutable content the node cache may share between runs (see :meth:`cache_key`);
+    empty means ``version_id``.
     """
 
     source: Source
@@ -49,6 +61,7 @@ class ResolvedSource:
     server: str | None = None
     dataset: str | None = None
     token: str | None = field(default=None, repr=False)
+    scope: str = ""
     _store: ObjectStore | None = field(default=None, repr=False, compare=False)
     _store_pid: int = field(default=-1, repr=False, compare=False)
 
@@ -58,8 +71,18 @@ class ResolvedSource:
         return self.index.shards
 
     def cache_key(self, shard: int) -> str:
-        """The node-cache key of a shard: unique per version, readable in ``ls``."""
-        return f"{self.version_id}/{self.shards[shard].raw_data.basename}"
+        """The node-cache key of a shard: its content identity, readable in ``ls``.
+
+        ``<scope>/<algo>-<published digest>/<basename>``: the scope changes with the
+        server, the dataset's identity (a re-created name is another dataset) and the
+        version, or with the bucket and index bytes of a URL source; the digest changes
+        with the shard's bytes. So no other content can ever hit this entry. A shard
+        published without a usable hash is keyed by the scope alone.
+        """
+        raw = self.shards[shard].raw_data
+        algo = choose_verify_algo(raw.hashes)
+        content = "unhashed" if algo is None else f"{algo}-{raw.hashes[algo]}"
+        return f"{self.scope or self.version_id}/{content}/{raw.basename}"
 
     def store(self) -> ObjectStore:
         """This process's store for the shards (opened on first use after a fork)."""
@@ -97,16 +120,68 @@ def split_index_url(uri: str) -> tuple[str, str]:
 
 
 def resolve_source(
-    source: Source, server: ServerOptions | None = None, cache_root: Path | None = None
+    source: Source,
+    server: ServerOptions | None = None,
+    cache_root: Path | None = None,
+    *,
+    require_hashes: bool = False,
 ) -> ResolvedSource:
     """Pin ``source`` to a version and load its shard list (one index read, or the
-    server's index through the node cache at ``cache_root``, default the default cache)."""
-    if source.is_url:
-        return _resolve_url(source)
-    from shardstream.client._server import resolve_named
+    server's index through the node cache at ``cache_root``, default the default cache).
 
-    root = cache_root if cache_root is not None else CacheOptions().root
-    return resolve_named(source, server or ServerOptions(), root)
+    Shards whose index records no hash the client can compute cannot be checked: a
+    warning names them (once per version and process), or with ``require_hashes`` a
+    :class:`ConfigError` refuses them.
+    """
+    if source.is_url:
+        resolved = _resolve_url(source)
+    else:
+        from shardstream.client._server import resolve_named
+
+        root = cache_root if cache_root is not None else CacheOptions().root
+        resolved = resolve_named(source, server or ServerOptions(), root)
+    check_hashes(resolved, require=require_hashes)
+    return resolved
+
+
+_WARNED: set[str] = set()
+
+
+def unverifiable_shards(resolved: ResolvedSource) -> list[str]:
+    """Basenames of shards with no hash we can compute for their bytes (neither the raw
+    file's nor, for compressed shards, the downloaded file's)."""
+    bad = []
+    for shard in resolved.shards:
+        zipped = shard.zip_data
+        if choose_verify_algo(shard.raw_data.hashes) is None and (
+            zipped is None or choose_verify_algo(zipped.hashes) is None
+        ):
+            bad.append(shard.raw_data.basename)
+    return bad
+
+
+def check_hashes(resolved: ResolvedSource, *, require: bool) -> None:
+    """Warn about (or, with ``require``, refuse) shards that cannot be verified."""
+    bad = unverifiable_shards(resolved)
+    if not bad:
+        return
+    what = (
+        f"source {resolved.source.uri!r}: {len(bad)} of {len(resolved.shards)} shards "
+        f"(first: {bad[0]}) record no hash shardstream can compute "
+        f"({', '.join(SUPPORTED_HASHES)}), so their bytes cannot be checked"
+    )
+    if require:
+        raise ConfigError(
+            f"{what}; rebuild the dataset with hashes (shardstream build writes sha1 and "
+            "xxh3_64), or set CacheOptions(require_hashes=False) to read it unchecked"
+        )
+    if resolved.version_id not in _WARNED:
+        _WARNED.add(resolved.version_id)
+        log.warning(
+            "%s: a corrupt download or cached copy would be read as is (warned once per "
+            "dataset; CacheOptions(require_hashes=True) refuses such data)",
+            what,
+        )
 
 
 def _resolve_url(source: Source) -> ResolvedSource:

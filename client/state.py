@@ -4,7 +4,8 @@ A position is two integers, ``(epoch, batch)``: ``batch`` global batches of ``ep
 been consumed. With the plan parameters and the versions read, that is all a resume needs:
 the plan maps any position to its samples by arithmetic, so resuming is O(1) and reads no
 skipped data. The position counts *global* batches, so it is valid for any number of
-ranks and workers as long as the global batch size and the partition count stay the same.
+ranks (any world size dividing the global batch) and workers; the global batch size must
+stay the same, and a resumed reader adopts the saved partition count and window.
 
 ``worker`` is set only in the state of one DataLoader worker (what torchdata's
 ``StatefulDataLoader`` saves per worker): that worker's own next batch.
@@ -86,6 +87,29 @@ class ReaderState:
             raise ResumeError(f"state has a negative position (epoch={epoch}, batch={batch})")
         return cls(epoch, batch, plan, versions, weights, slot)
 
+    @classmethod
+    def from_stateful_loader(cls, state: Mapping[str, Any]) -> ReaderState:
+        """The global position in a torchdata ``StatefulDataLoader.state_dict()``.
+
+        Such a state holds one position per DataLoader worker (each worker's next batch,
+        snapshotted as the loader hands out that worker's batches), and torchdata only
+        loads it into a loader with the same ``num_workers``. Round-robin means the
+        consumed batches are exactly those below the smallest next batch, so the earliest
+        worker position *is* the global one: a position any worker count (or the main
+        process) can resume from.
+        """
+        found: list[ReaderState] = []
+        _collect(state, found)
+        if not found:
+            raise ResumeError(
+                "this StatefulDataLoader state holds no shardstream dataset state; was it "
+                "saved from a loader over a StreamingDataset?"
+            )
+        first = min(found, key=lambda s: (s.epoch, s.batch))
+        for other in found:
+            other.check_compatible(first.plan, first.versions)
+        return cls(first.epoch, first.batch, first.plan, first.versions, first.weights)
+
     def check_compatible(self, plan: Mapping[str, Any], versions: tuple[str, ...]) -> None:
         """Raise :class:`ResumeError` unless this state can resume a reader with these
         plan parameters and versions (naming the first difference)."""
@@ -102,3 +126,13 @@ class ReaderState:
                     f"saved and is {plan.get(key)!r} now; keep it (and the global batch size "
                     "= batch_size x world size) the same to resume"
                 )
+
+
+def _collect(node: Any, found: list[ReaderState]) -> None:
+    """Every ``dataset_state`` written by this module, anywhere in ``node``."""
+    if isinstance(node, Mapping):
+        if node.get("format") == STATE_FORMAT and "batch" in node and "plan" in node:
+            found.append(ReaderState.from_dict(node))
+            return
+        for value in node.values():
+            _collect(value, found)

@@ -11,6 +11,7 @@ other: each derives its batches from the plan alone.
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from typing import Any
@@ -18,40 +19,30 @@ from typing import Any
 import numpy as np
 
 from shardstream.client.batch import Allocator, BatchBuilder, ColumnSpec, numpy_allocator
+from shardstream.client.blockfetch import BlockStats
 from shardstream.client.decode import to_torch
 from shardstream.client.distributed import Topology
 from shardstream.client.fetch import ShardFetcher
+from shardstream.client.memory_need import window_need_bytes
 from shardstream.client.options import CacheOptions, PlanOptions
 from shardstream.client.plan import EpochPlan, PlanConfig, SourceSpec
+from shardstream.client.plan._defaults import adopt_saved, default_shape
 from shardstream.client.source import ResolvedSource
 from shardstream.client.state import ReaderState
 from shardstream.errors import ConfigError, PlanError, ResumeError
+from shardstream.mds import ShardReader
 
-__all__ = ["BatchStream", "BatchTransform", "default_partitions"]
+__all__ = ["BatchStream", "BatchTransform"]
 
 MAX_CHUNK = 8
 """Batches built per chunk at most (the plan is evaluated for 8 chunks at a time)."""
 
 
+_Chunk = tuple[list[int], np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]
+"""A planned chunk of batches: (batch numbers, ids, shard, index in shard)."""
+
 BatchTransform = Callable[[dict[str, Any]], dict[str, Any]]
 """A user function applied to every whole batch (column -> tensor) in the worker."""
-
-
-def default_partitions(global_batch_size: int, world_size: int) -> int:
-    """The default canonical partition count of a fresh run.
-
-    The largest divisor of the global batch size up to ``max(8, world_size)`` that the world
-    size divides or is divided by. Partitions are the unit of elastic resume (a later world
-    size must divide ``P`` or be a multiple of it) and of locality (a rank reads only its
-    partitions' shards); a few per rank keep both, without spreading every batch over more
-    partitions than needed.
-    """
-    cap = max(8, world_size)
-    return max(
-        p
-        for p in range(1, min(cap, global_batch_size) + 1)
-        if global_batch_size % p == 0 and (p % world_size == 0 or world_size % p == 0)
-    )
 
 
 class BatchStream:
@@ -77,10 +68,6 @@ class BatchStream:
         self.spec = spec
         self.transform = transform
         self.options = plan
-        global_batch = batch_size * topology.world_size
-        self.config = self._config(
-            plan.num_partitions or default_partitions(global_batch, topology.world_size)
-        )
         self._specs = [
             SourceSpec(
                 shard_sizes=np.array([s.samples for s in src.shards], dtype=np.int64),
@@ -91,12 +78,23 @@ class BatchStream:
             )
             for src in self.sources
         ]
+        # The options, else a fresh run's defaults; a resume adopts the saved ones (accept).
+        parts, window = default_shape(
+            batch_size * topology.world_size, topology.world_size, self._specs
+        )
+        if plan.num_partitions is not None:  # the user's P: the plan's own window default
+            parts, window = plan.num_partitions, None
+        self.config = self._config(parts, plan.window or window)
+        self._shard_bytes = [info.raw_data.bytes for src in self.sources for info in src.shards]
         self._plan: EpochPlan | None = None
         self._builder = BatchBuilder(spec)
         self._fetcher: ShardFetcher | None = None
         self._fetcher_pid = -1
+        self.read_stats = BlockStats()
+        """Ranged-read counters of this process (requests, bytes, corrupt blocks), kept
+        across the fetchers of successive epochs."""
 
-    def _config(self, partitions: int) -> PlanConfig:
+    def _config(self, partitions: int, window: int | None) -> PlanConfig:
         opts = self.options
         config = PlanConfig(
             seed=opts.seed,
@@ -104,26 +102,22 @@ class BatchStream:
             num_partitions=partitions,
             shuffle=opts.shuffle,
             tail=opts.tail,
-            window=opts.window,
+            window=window,
             epoch_size=opts.epoch_size,
         )
         config.check_world_size(self.topology.world_size)
         return config
 
     def accept(self, state: ReaderState) -> None:
-        """Check that ``state`` can resume this stream; adopt its partition count unless
-        the user fixed one (:class:`ResumeError` naming the mismatch otherwise)."""
-        saved = state.plan.get("num_partitions")
-        if (
-            self.options.num_partitions is None
-            and isinstance(saved, int)
-            and saved != self.config.num_partitions
-        ):
-            try:
-                self.config = self._config(saved)
-            except PlanError as exc:
-                raise ResumeError(f"cannot resume with this world size: {exc}") from exc
-            self._plan = None
+        """Check that ``state`` can resume this stream; adopt its partition count and window
+        unless the user fixed them (:class:`ResumeError` naming the mismatch otherwise)."""
+        try:
+            config = adopt_saved(self.config, state.plan, asdict(self.options))
+            config.check_world_size(self.topology.world_size)
+        except PlanError as exc:
+            raise ResumeError(f"cannot resume with this world size: {exc}") from exc
+        if config != self.config:
+            self.config, self._plan = config, None
         state.check_compatible(self.plan_params(), self.versions)
 
     @property
@@ -157,9 +151,23 @@ class BatchStream:
     def fetcher(self) -> ShardFetcher:
         """This process's shard fetcher (a fresh one after a fork)."""
         if self._fetcher is None or self._fetcher_pid != os.getpid():
-            self._fetcher = ShardFetcher(self.sources, self.cache_options)
+            if self._fetcher_pid != os.getpid():
+                self.read_stats = BlockStats()  # counts of this process only
+            self._fetcher = ShardFetcher(self.sources, self.cache_options, stats=self.read_stats)
             self._fetcher_pid = os.getpid()
         return self._fetcher
+
+    def memory_need(self, epoch: int, start: int, step: int = 1) -> int:
+        """Bytes the cacheless mode holds at most at once reading ``epoch`` from batch
+        ``start`` (every ``step``-th batch): the shards of the mixing window, each from
+        the look-ahead before its first batch to its last (:mod:`memory_need`)."""
+        plan = self.plan(epoch)
+        shards, first, last = plan.rank_schedule(
+            self.topology.rank, self.topology.world_size, start
+        )
+        sizes = np.array([self._shard_bytes[int(s)] for s in shards.tolist()], dtype=np.int64)
+        lead = self.cache_options.read_ahead_batches * step + MAX_CHUNK * step
+        return window_need_bytes(first, last, sizes, lead=lead)
 
     def batches(
         self, epoch: int, start: int, step: int = 1, *, alloc: Allocator = numpy_allocator
@@ -193,43 +201,85 @@ class BatchStream:
         where = {int(s): i for i, s in enumerate(order.tolist())}
         ahead = self.cache_options.prefetch_shards
         cursor = -1
+        if self.cache_options.memory_only:  # refuse a budget that would thrash, before reads
+            shards, _, last = plan.rank_schedule(rank, world, start)
+            last_of = dict(zip(shards.tolist(), last.tolist(), strict=True))
+            fetcher.plan_memory(self.memory_need(epoch, start, step), last_of)
         fetcher.prefetch(order[: ahead + 1])
-        for bs, ids, shards, local in _planned(
-            plan, rank, world, start, step=step, max_chunk=max_chunk
-        ):
-            needed = np.unique(shards).tolist()
-            fetcher.prefetch(needed)  # parallel downloads for a chunk spanning cold shards
-            built = self._builder.build(
-                shards,
-                local,
-                fetcher.reader,
-                sample_ids=ids if self.spec.options.sample_ids else None,
-                alloc=alloc,
-            )
-            furthest = max(where.get(s, -1) for s in needed)
-            if furthest > cursor:
-                cursor = furthest
-                if ahead:
-                    fetcher.prefetch(order[cursor + 1 : cursor + 1 + ahead])
-            fetcher.release_unused(set(needed))
-            out = []
-            for b, batch in zip(bs, built, strict=True):
-                tensors = to_torch(batch)  # shares memory: no copy
-                if self.transform is not None:
-                    tensors = self.transform(tensors)
-                out.append((b, tensors))
+        planned = _planned(plan, rank, world, start, step=step, max_chunk=max_chunk)
+        # Chunks planned but not built yet: their samples' blocks are fetched ahead.
+        window: deque[_Chunk] = deque()
+        queued, first = 0, True
+        read_ahead = self.cache_options.read_ahead_batches
+        for chunk in planned:
+            fetcher.want(chunk[2], chunk[3], chunk[0])
+            window.append(chunk)
+            queued += len(chunk[0])
+            # The first batch is built at once; later ones once the look-ahead is queued.
+            while window and (first or queued > read_ahead):
+                built = window.popleft()
+                queued -= len(built[0])
+                cursor, out = self._build(fetcher, built, order, where, cursor, alloc=alloc)
+                first = False
+                yield out
+        while window:
+            cursor, out = self._build(fetcher, window.popleft(), order, where, cursor, alloc=alloc)
             yield out
+
+    def _build(
+        self,
+        fetcher: ShardFetcher,
+        chunk: _Chunk,
+        order: np.ndarray[Any, Any],
+        where: dict[int, int],
+        cursor: int,
+        *,
+        alloc: Allocator,
+    ) -> tuple[int, list[tuple[int, dict[str, Any]]]]:
+        """Build one planned chunk: ``(new prefetch cursor, [(b, batch), ...])``."""
+        bs, ids, shards, local = chunk
+        ahead = self.cache_options.prefetch_shards
+        needed = np.unique(shards).tolist()
+        fetcher.prefetch(needed)  # parallel downloads for a chunk spanning cold shards
+        ready = fetcher.need(shards, local, bs)  # ranged: this chunk's own blocks, verified
+
+        def reader(shard: int) -> ShardReader:
+            found = ready.get(shard)
+            return found if found is not None else fetcher.reader(shard)
+
+        built = self._builder.build(
+            shards,
+            local,
+            reader,
+            sample_ids=ids if self.spec.options.sample_ids else None,
+            alloc=alloc,
+        )
+        furthest = max(where.get(s, -1) for s in needed)
+        if furthest > cursor:
+            cursor = furthest
+            if ahead:
+                fetcher.prefetch(order[cursor + 1 : cursor + 1 + ahead])
+        fetcher.release_unused(set(needed))
+        out = []
+        for b, batch in zip(bs, built, strict=True):
+            tensors = to_torch(batch)  # shares memory: no copy
+            if self.transform is not None:
+                tensors = self.transform(tensors)
+            out.append((b, tensors))
+        return cursor, out
 
     def __getstate__(self) -> dict[str, Any]:
         # Threads, leases and mappings belong to the process that made them.
         state = dict(self.__dict__)
         state["_fetcher"], state["_fetcher_pid"], state["_plan"] = None, -1, None
+        state["read_stats"] = None  # holds a lock; the child counts its own reads
         return state
 
-    def close(self) -> None:
-        """Release leases and download threads held by this process."""
+    def close(self, *, finish_fills_s: float = 0.0) -> None:
+        """Release leases and download threads held by this process (after giving
+        background cache fills up to ``finish_fills_s`` to finish)."""
         if self._fetcher is not None and self._fetcher_pid == os.getpid():
-            self._fetcher.close()
+            self._fetcher.close(finish_fills_s=finish_fills_s)
         self._fetcher = None
 
 

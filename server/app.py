@@ -7,6 +7,7 @@ shardstream.server.app:create_app`` reads the settings from the environment.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import logging
 from collections.abc import AsyncIterator
@@ -17,18 +18,27 @@ from fastapi.concurrency import run_in_threadpool
 
 from shardstream import __version__
 from shardstream.server import handlers, migrate
+from shardstream.server.api.deps import authenticate
 from shardstream.server.api.routes import datasets, health, runs, shards, tokens, versions
 from shardstream.server.auth import TokenCache
 from shardstream.server.config import Settings, get_settings
 from shardstream.server.data import datasets as datasets_data
 from shardstream.server.data import runs as runs_data
 from shardstream.server.data import versions as versions_data
-from shardstream.server.db import WRITE_OPTION, make_engine, make_sessionmaker
+from shardstream.server.db import (
+    WRITE_OPTION,
+    DatabaseLimits,
+    make_engine,
+    make_sessionmaker,
+    wait_for_database,
+)
+from shardstream.server.limits import BodyLimits, RequestGuard
 from shardstream.server.logs import configure_logging
-from shardstream.server.metrics import MetricsMiddleware, ServerMetrics, SQLiteWriteGate
+from shardstream.server.metrics import MetricsMiddleware, ServerMetrics
 from shardstream.server.published import PublishedCache
 from shardstream.server.singleflight import SingleFlight
 from shardstream.server.stores import StoreCache
+from shardstream.wire import FieldLimits, set_field_limits
 
 log = logging.getLogger("shardstream.server")
 
@@ -41,10 +51,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # built with explicit settings (tests, embedding) leave global logging alone.
         settings = get_settings()
         configure_logging(settings.log_level, json_format=settings.log_json)
-    engine = make_engine(settings.resolved_database_url, pool_size=settings.db_pool_size)
+    engine = make_engine(
+        settings.resolved_database_url,
+        pool_size=settings.db_pool_size,
+        limits=DatabaseLimits.from_settings(settings),
+    )
     if settings.migrate_on_start:
+        wait_for_database(engine, settings.db_start_timeout_s)
         migrate.upgrade(engine)
     factory = make_sessionmaker(engine)
+    # Free-form JSON fields are checked while the request is validated (shardstream.wire).
+    set_field_limits(FieldLimits(settings.max_json_bytes, settings.max_json_depth))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -79,6 +96,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.write_sessions = make_sessionmaker(engine.execution_options(**{WRITE_OPTION: True}))
     app.state.stores = StoreCache(public_endpoint_url=settings.s3_public_endpoint_url)
     app.state.published = PublishedCache(settings.version_cache_s)
+    # SQLite has one writer at a time: write sessions queue here (see deps.get_db).
+    app.state.write_gate = asyncio.Lock() if settings.is_sqlite else None
     metrics = ServerMetrics()
 
     def entity_counts() -> dict[str, dict[str, int]]:
@@ -95,7 +114,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (datasets, versions, shards, runs, tokens):
         app.include_router(module.router)
     app.include_router(health.router)
-    if settings.is_sqlite:
-        app.add_middleware(SQLiteWriteGate)
+    limits = BodyLimits(
+        max_bytes=settings.max_body_bytes,
+        max_shard_batch_bytes=settings.max_shard_batch_bytes,
+        timeout_s=settings.body_timeout_s,
+    )
+    app.add_middleware(RequestGuard, limits=limits, authenticate=authenticate)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app

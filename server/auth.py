@@ -4,6 +4,11 @@ Secrets are ``ss_`` + 43 URL-safe random characters (256 bits), so a plain sha25
 secret is a safe stored form (no salt or slow hash needed against guessing). The bootstrap
 admin secret from ``SHARDSTREAM_ADMIN_TOKEN`` is never stored; requests carrying it are
 compared by hash in constant time.
+
+Least privilege: a caller's :class:`Principal` decides what it may mint
+(:meth:`Principal.require_can_mint`: a subset of its own scopes, datasets and lifetime),
+which tokens it may see and revoke (:meth:`Principal.within_rights`), and it is the owner
+recorded on the runs it creates (:attr:`Principal.principal_id`).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import hmac
 import secrets
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -22,6 +28,7 @@ from shardstream.wire import Scope
 
 _RANK = {Scope.read: 0, Scope.write: 1, Scope.admin: 2}
 SECRET_PREFIX = "ss_"
+BOOTSTRAP_PRINCIPAL = "admin"  # the principal of the SHARDSTREAM_ADMIN_TOKEN secret
 
 
 def new_secret() -> str:
@@ -63,6 +70,71 @@ class Principal:
             raise PermissionDeniedError(
                 f"token {self.name!r} is not allowed to access dataset {dataset!r}", 403
             )
+
+    @property
+    def principal_id(self) -> str:
+        """The stable identity that owns what this caller creates (runs).
+
+        ``token:<id>`` for a stored token (names are not unique, ids are), ``admin`` for
+        the bootstrap admin secret, which is its own principal.
+        """
+        return f"token:{self.token_id}" if self.token_id is not None else BOOTSTRAP_PRINCIPAL
+
+    def covers(self, datasets: Iterable[str]) -> bool:
+        """Whether the allow-list admits every one of ``datasets``."""
+        return self.datasets is None or all(d in self.datasets for d in datasets)
+
+    def is_admin_over(self, datasets: Iterable[str]) -> bool:
+        """Whether this is an admin whose rights cover all of ``datasets``."""
+        return _RANK[self.scope] >= _RANK[Scope.admin] and self.covers(datasets)
+
+    def within_rights(self, scopes: Iterable[Scope], datasets: Iterable[str] | None) -> bool:
+        """Whether a token with ``scopes`` and ``datasets`` (None: all) reaches nothing
+        this caller cannot: the tokens a restricted admin may see and revoke."""
+        if any(_RANK[s] > _RANK[self.scope] for s in scopes):
+            return False
+        if self.datasets is None:
+            return True
+        return datasets is not None and all(d in self.datasets for d in datasets)
+
+    def require_can_mint(
+        self, scopes: Iterable[Scope], datasets: list[str] | None, expires_at: datetime | None
+    ) -> None:
+        """Raise 403 unless a token with these rights is a subset of this caller's own:
+        scopes it holds (admin ⊇ write ⊇ read), datasets within its allow-list (a
+        restricted caller must restrict), an expiry no later than its own."""
+        above = sorted(s.value for s in scopes if _RANK[s] > _RANK[self.scope])
+        if above:
+            raise PermissionDeniedError(
+                f"token {self.name!r} has scope {self.scope.value!r} and cannot mint a token "
+                f"with scope {above[0]!r}",
+                403,
+            )
+        if self.datasets is not None:
+            if datasets is None:
+                raise PermissionDeniedError(
+                    f"token {self.name!r} is restricted to datasets "
+                    f"{sorted(self.datasets)}; the new token must be restricted to a subset "
+                    "of them (set 'datasets')",
+                    403,
+                )
+            outside = sorted(set(datasets) - self.datasets)
+            if outside:
+                raise PermissionDeniedError(
+                    f"token {self.name!r} is not allowed to access dataset {outside[0]!r}, so "
+                    "it cannot mint a token for it",
+                    403,
+                )
+        if self.expires_at is not None and (expires_at is None or expires_at > self.expires_at):
+            raise PermissionDeniedError(
+                f"token {self.name!r} expires at {self.expires_at.isoformat()}; the new "
+                "token's expires_at must be set and no later",
+                403,
+            )
+
+
+# Whoever runs the server CLI against the database holds every right already.
+OPERATOR = Principal(name="server operator (CLI)", scope=Scope.admin)
 
 
 def best_scope(scopes: str) -> Scope:

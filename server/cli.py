@@ -108,7 +108,12 @@ def _serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from shardstream.server.data import tokens as tokens_data
-        from shardstream.server.db import make_engine, make_sessionmaker
+        from shardstream.server.db import (
+            DatabaseLimits,
+            make_engine,
+            make_sessionmaker,
+            wait_for_database,
+        )
         from shardstream.server.migrate import upgrade
     except ModuleNotFoundError as exc:
         raise ConfigError(
@@ -118,7 +123,11 @@ def _serve(args: argparse.Namespace) -> int:
 
     settings = _settings_from(args)
     settings.check_safe()
-    engine = make_engine(settings.resolved_database_url)
+    engine = make_engine(
+        settings.resolved_database_url, limits=DatabaseLimits.from_settings(settings)
+    )
+    # A database still starting (or down) is a one-line reason and a bounded retry.
+    wait_for_database(engine, settings.db_start_timeout_s)
     if not args.no_migrate and settings.migrate_on_start:
         upgrade(engine)
     with make_sessionmaker(engine)() as session:
@@ -142,11 +151,14 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    from shardstream.server.db import make_engine
+    from shardstream.server.db import DatabaseLimits, make_engine, wait_for_database
     from shardstream.server.migrate import current_revision, upgrade
 
     settings = _settings_from(args)
-    engine = make_engine(settings.resolved_database_url)
+    engine = make_engine(
+        settings.resolved_database_url, limits=DatabaseLimits.from_settings(settings)
+    )
+    wait_for_database(engine, settings.db_start_timeout_s)
     before = current_revision(engine)
     upgrade(engine)
     after = current_revision(engine)
@@ -162,8 +174,15 @@ def _create_token(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from shardstream.errors import ConfigError
+    from shardstream.server.auth import OPERATOR
     from shardstream.server.data import tokens as tokens_data
-    from shardstream.server.db import make_engine, make_sessionmaker, session_scope
+    from shardstream.server.db import (
+        DatabaseLimits,
+        make_engine,
+        make_sessionmaker,
+        session_scope,
+        wait_for_database,
+    )
     from shardstream.server.migrate import upgrade
     from shardstream.server.models import utcnow
     from shardstream.wire import TokenCreate
@@ -180,10 +199,13 @@ def _create_token(args: argparse.Namespace) -> int:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise ConfigError(f"--{where.split('.')[0].replace('_', '-')}: {first['msg']}") from exc
-    engine = make_engine(settings.resolved_database_url)
+    engine = make_engine(
+        settings.resolved_database_url, limits=DatabaseLimits.from_settings(settings)
+    )
+    wait_for_database(engine, settings.db_start_timeout_s)
     upgrade(engine)
     with session_scope(make_sessionmaker(engine)) as session:
-        token = tokens_data.create_from(session, body)
+        token = tokens_data.create_from(session, body, minted_by=OPERATOR)
     engine.dispose()
     scopes = ",".join(s.value for s in token.scopes)
     print(f"created token {token.name!r} (id {token.id}, scopes {scopes}); secret, shown once:")

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shardstream.errors import ConfigError
+
+if TYPE_CHECKING:
+    from shardstream.server.locations import Location
 
 DEFAULT_PORT = 8470
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -33,7 +37,19 @@ class Settings(BaseSettings):
     )
     storage_root: str | None = Field(
         default=None,
-        description="where drafts without a storage root put their shards; default data_dir/shards",
+        description="the storage root new datasets are placed under (s3://bucket/prefix or "
+        "a local directory); default: the first of storage_roots, else data_dir/shards",
+    )
+    storage_roots: str | None = Field(
+        default=None,
+        description="comma-separated storage roots the server may use (s3:// or local "
+        "directories); datasets live only under these (see docs/server.md, Security)",
+    )
+    storage_deadline_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="longest a publish may spend checking shards in storage (503 after)",
     )
     host: str = "127.0.0.1"
     port: int = Field(default=DEFAULT_PORT, ge=1, le=65535)
@@ -57,6 +73,41 @@ class Settings(BaseSettings):
     )
     migrate_on_start: bool = True
     db_pool_size: int = Field(default=16, ge=1, le=1000)
+    # Request and database limits (docs/server.md, "Request and database limits").
+    max_body_bytes: int = Field(
+        default=8 << 20, ge=1024, description="largest request body (413 above it)"
+    )
+    max_shard_batch_bytes: int = Field(
+        default=64 << 20,
+        ge=1024,
+        description="largest body of POST .../shards (5,000 shards with their MDS entries)",
+    )
+    body_timeout_s: float = Field(
+        default=30.0, gt=0, le=3600, description="time a client has to send its body (408)"
+    )
+    db_connect_timeout_s: int = Field(default=5, ge=1, le=600)
+    db_statement_timeout_s: float = Field(
+        default=30.0, gt=0, le=86_400, description="PostgreSQL statement_timeout"
+    )
+    db_lock_timeout_s: float = Field(
+        default=10.0, gt=0, le=3600, description="PostgreSQL lock_timeout, SQLite busy timeout"
+    )
+    db_pool_timeout_s: float = Field(
+        default=10.0, gt=0, le=3600, description="wait for a free pooled connection (503)"
+    )
+    db_start_timeout_s: float = Field(
+        default=60.0, ge=0, le=86_400, description="how long start-up waits for the database"
+    )
+    max_json_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        le=16 << 20,
+        description="largest free-form JSON document per field (a run's plan, builder_config, "
+        "lineage, a checkpoint's plan), as UTF-8 JSON (422 above it)",
+    )
+    max_json_depth: int = Field(
+        default=32, ge=2, le=256, description="deepest nesting of objects and arrays in one"
+    )
     log_level: str = "INFO"
     log_json: bool = True
 
@@ -74,12 +125,42 @@ class Settings(BaseSettings):
             return self.database_url
         return f"sqlite:///{self.data_dir.expanduser().resolve() / 'shardstream.db'}"
 
+    @field_validator("storage_root", "storage_roots")
+    @classmethod
+    def _valid_roots(cls, value: str | None) -> str | None:
+        """Canonical root URLs (relative directories made absolute), or a ValueError."""
+        if not value:
+            return value
+        from shardstream.server.locations import LocationError, parse_roots
+
+        items = [item.strip() for item in value.split(",") if item.strip()]
+        items = [
+            i if "://" in i or i.startswith("/") else Path(i).expanduser().resolve().as_uri()
+            for i in items
+        ]
+        try:
+            return ",".join(root.url for root in parse_roots(",".join(items)))
+        except LocationError as exc:
+            raise ValueError(f"storage root {value!r}: {exc}") from exc
+
+    @property
+    def resolved_storage_roots(self) -> tuple[Location, ...]:
+        """Every configured storage root, the default root (new datasets) first."""
+        from shardstream.server.locations import parse_location, parse_roots
+
+        extra = parse_roots(self.storage_roots or "")
+        if self.storage_root:
+            first = parse_roots(self.storage_root)[0]
+        elif extra:
+            first = extra[0]
+        else:
+            first = parse_location((self.data_dir.expanduser().resolve() / "shards").as_uri())
+        return (first, *(r for r in extra if r != first))
+
     @property
     def resolved_storage_root(self) -> str:
-        """The default storage root for drafts that name none."""
-        if self.storage_root:
-            return self.storage_root.rstrip("/")
-        return (self.data_dir.expanduser().resolve() / "shards").as_uri()
+        """The default storage root (where new datasets are placed), as a URL."""
+        return self.resolved_storage_roots[0].url
 
     @property
     def is_sqlite(self) -> bool:

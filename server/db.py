@@ -5,6 +5,10 @@ gets WAL mode and a busy timeout so readers never block the one writer for long;
 PostgreSQL gets a connection pool sized by ``SHARDSTREAM_DB_POOL_SIZE`` and a liveness
 check on checkout (a connection the database server dropped is replaced, not used).
 
+Every wait on the database is bounded (:class:`DatabaseLimits`): connecting, a
+statement, a lock, a free pooled connection. A database that accepts connections but
+never answers therefore costs a request a few seconds and a 503, never a hung worker.
+
 An SQLite file deleted or replaced under a running server is noticed too (see
 :class:`_SQLiteFile`), and :func:`describe_failure` turns any database failure into the
 message a 503 answer carries.
@@ -12,12 +16,15 @@ message a 503 answer carries.
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy import exc as sa_exc
@@ -26,19 +33,65 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry
 
-from shardstream.errors import ConfigError
+from shardstream.errors import ConfigError, ShardstreamError
+
+if TYPE_CHECKING:
+    from shardstream.server.config import Settings
 
 WRITE_OPTION = "shardstream_write"
 
+log = logging.getLogger("shardstream.server")
 
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+
+class DatabaseUnavailableError(ShardstreamError):
+    """The database could not be reached at start-up within ``SHARDSTREAM_DB_START_TIMEOUT_S``."""
+
+
+@dataclass(frozen=True)
+class DatabaseLimits:
+    """How long anything may wait on the database (``SHARDSTREAM_DB_*`` settings).
+
+    ``lock_s`` is PostgreSQL's ``lock_timeout`` and SQLite's busy timeout; ``statement_s``
+    applies on PostgreSQL only (SQLite runs in-process: nothing to wait for but locks).
+    """
+
+    connect_s: int = 5
+    statement_s: float = 30.0
+    lock_s: float = 10.0
+    pool_s: float = 10.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> DatabaseLimits:
+        """The limits a server with ``settings`` runs with."""
+        return cls(
+            connect_s=settings.db_connect_timeout_s,
+            statement_s=settings.db_statement_timeout_s,
+            lock_s=settings.db_lock_timeout_s,
+            pool_s=settings.db_pool_timeout_s,
+        )
+
+    def postgres_options(self) -> str:
+        """libpq ``options``: server-side timeouts set once per connection (no round trip).
+
+        A session left idle inside a transaction is ended by the server too, so a
+        connection leaked by a bug cannot hold locks or a pool slot forever.
+        """
+        idle_ms = int(max(self.statement_s * 2, 60) * 1000)
+        return (
+            f"-c statement_timeout={int(self.statement_s * 1000)} "
+            f"-c lock_timeout={int(self.lock_s * 1000)} "
+            f"-c idle_in_transaction_session_timeout={idle_ms}"
+        )
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any, *, busy_ms: int = 10_000) -> None:
     # Take transaction control away from the driver so _sqlite_begin decides how to BEGIN.
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA foreign_keys=ON")
-    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute(f"PRAGMA busy_timeout={int(busy_ms)}")
     cur.close()
 
 
@@ -63,9 +116,10 @@ class _SQLiteFile:
     when nothing can be opened there the request fails with a database error (a 503).
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, busy_s: float = 10.0) -> None:
         self.path = path.expanduser().absolute()
         self._uri = self.path.as_uri() + "?mode=rw"
+        self._busy_s = busy_s
 
     def create(self) -> None:
         """Create an empty database file (and its directory) if there is none yet."""
@@ -75,7 +129,7 @@ class _SQLiteFile:
 
     def connect(self) -> sqlite3.Connection:
         """The engine's ``creator``: open the existing file, read-write."""
-        return sqlite3.connect(self._uri, uri=True, check_same_thread=False, timeout=30)
+        return sqlite3.connect(self._uri, uri=True, check_same_thread=False, timeout=self._busy_s)
 
     def _identity(self) -> tuple[int, int] | None:
         try:
@@ -110,8 +164,9 @@ class _SQLiteFile:
             )
 
 
-def make_engine(url: str, *, pool_size: int = 10) -> Engine:
+def make_engine(url: str, *, pool_size: int = 10, limits: DatabaseLimits | None = None) -> Engine:
     """Create an engine for ``url``; creates the SQLite file (and its directory) if needed."""
+    limits = limits or DatabaseLimits()
     try:
         parsed = make_url(url)
     except ArgumentError as exc:
@@ -121,16 +176,29 @@ def make_engine(url: str, *, pool_size: int = 10) -> Engine:
         ) from exc
     if parsed.get_backend_name() == "sqlite":
         file = None
-        options: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 30}}
+        options: dict[str, Any] = {
+            "connect_args": {"check_same_thread": False, "timeout": limits.lock_s}
+        }
         if parsed.database and parsed.database != ":memory:":
             if parsed.query:  # SQLite URI options (mode=ro, ...): open as the URL says
                 Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
             else:
-                file = _SQLiteFile(Path(parsed.database))
+                file = _SQLiteFile(Path(parsed.database), limits.lock_s)
                 file.create()
                 options = {"creator": file.connect}
-        engine = create_engine(url, pool_size=pool_size, max_overflow=2 * pool_size, **options)
-        event.listen(engine, "connect", _sqlite_pragmas)
+        engine = create_engine(
+            url,
+            pool_size=pool_size,
+            max_overflow=2 * pool_size,
+            pool_timeout=limits.pool_s,
+            **options,
+        )
+        busy_ms = int(limits.lock_s * 1000)
+
+        def pragmas(dbapi_conn: Any, record: Any) -> None:
+            _sqlite_pragmas(dbapi_conn, record, busy_ms=busy_ms)
+
+        event.listen(engine, "connect", pragmas)
         event.listen(engine, "begin", _sqlite_begin)
         if file is not None:
             event.listen(engine, "connect", file.on_connect)
@@ -147,6 +215,11 @@ def make_engine(url: str, *, pool_size: int = 10) -> Engine:
             max_overflow=2 * pool_size,
             pool_pre_ping=True,
             pool_recycle=1800,
+            pool_timeout=limits.pool_s,
+            connect_args={
+                "connect_timeout": limits.connect_s,
+                "options": limits.postgres_options(),
+            },
         )
     raise ConfigError(
         f"SHARDSTREAM_DATABASE_URL uses {parsed.get_backend_name()!r}; supported: sqlite, "
@@ -172,6 +245,16 @@ _FAILURES: tuple[tuple[tuple[str, ...], str], ...] = (
     (
         ("connection refused", "could not connect", "connection failed", "could not translate"),
         "cannot connect to the database server; retry shortly",
+    ),
+    (
+        ("timeout expired", "timed out"),
+        "the database server did not answer in time (SHARDSTREAM_DB_CONNECT_TIMEOUT_S); "
+        "retry shortly",
+    ),
+    (
+        ("statement timeout", "lock timeout"),
+        "the database took too long (SHARDSTREAM_DB_STATEMENT_TIMEOUT_S or "
+        "SHARDSTREAM_DB_LOCK_TIMEOUT_S); retry",
     ),
     (
         ("server closed the connection", "terminating connection", "connection is closed"),
@@ -213,6 +296,35 @@ def describe_failure(exc: BaseException) -> str:
         if any(word in text for word in words):
             return f"database unavailable: {meaning}"
     return "database unavailable: the database failed to answer; retry shortly"
+
+
+def wait_for_database(engine: Engine, timeout_s: float) -> None:
+    """Return once the database accepts a connection; retry for up to ``timeout_s``.
+
+    A server starting next to its database (same deployment, a restart) usually comes up
+    first: one warning line per attempt instead of a traceback, then
+    :class:`DatabaseUnavailableError` (one line) when the time is up.
+    """
+    if engine.dialect.name == "sqlite":
+        timeout_s = 0  # a local file that cannot be opened now will not open by waiting
+    deadline = time.monotonic() + timeout_s
+    delay = 0.5
+    while True:
+        try:
+            with engine.connect():
+                return
+        except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError) as exc:
+            reason = describe_failure(exc)
+            left = deadline - time.monotonic()
+            url = engine.url.render_as_string(hide_password=True)
+            if left <= 0:
+                raise DatabaseUnavailableError(
+                    f"{reason.removesuffix('; retry shortly')} ({url}); gave up after "
+                    f"{timeout_s:g} s (SHARDSTREAM_DB_START_TIMEOUT_S)"
+                ) from None
+            log.warning(f"waiting for the database ({url}): {reason}; {left:.0f} s left")
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 5.0)
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

@@ -1,7 +1,9 @@
 """Exception handlers: every error becomes a JSON ``ErrorResponse``, never a raw 500.
 
 * shardstream :class:`~shardstream.errors.APIError` subclasses carry their status;
-* request validation → 422 naming the field (``body.sources[0].weight: ...``);
+* request validation → 422 naming the field (``body.sources[0].weight: ...``), and so
+  are bodies FastAPI could not decode (nested too deeply, not UTF-8), which it reports
+  as a bare 400;
 * SQLAlchemy: IntegrityError → 409, DataError → 422, OperationalError and other
   database failures → 503 whose message says what is wrong (a deleted SQLite file, a
   lost connection, a missing table; :func:`~shardstream.server.db.describe_failure`);
@@ -54,8 +56,31 @@ async def _api_error(_: Request, exc: Exception) -> JSONResponse:
     return _error(exc.status or 400, str(exc))
 
 
+def _body_decode_problem(exc: HTTPException) -> str | None:
+    """Why FastAPI could not decode a JSON body, when that is the client's doing.
+
+    FastAPI answers 400 "error parsing the body" for anything ``json.loads`` raises other
+    than a syntax error: RecursionError for nesting deeper than the parser's stack (about
+    1,000 levels), ValueError for bytes that are not UTF-8 or an integer of more than
+    4,300 digits. All are invalid requests: 422 naming the body, like other bad JSON.
+    """
+    cause = exc.__cause__
+    if exc.status_code != 400 or cause is None:
+        return None
+    if isinstance(cause, RecursionError):
+        return "body: JSON nested too deeply to parse; documents may nest a few dozen levels"
+    if isinstance(cause, UnicodeDecodeError):
+        return f"body: not valid UTF-8 at byte {cause.start}"
+    if isinstance(cause, ValueError):
+        return f"body: invalid JSON: {str(cause)[:200]}"
+    return None
+
+
 async def _http(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
+    problem = _body_decode_problem(exc)
+    if problem is not None:
+        return _error(422, problem, [{"field": "body", "message": problem, "type": "json_invalid"}])
     return JSONResponse(
         status_code=exc.status_code, content={"detail": str(exc.detail)}, headers=exc.headers
     )

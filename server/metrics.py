@@ -7,7 +7,6 @@ database at scrape time, so every replica reports the same totals.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -115,24 +114,3 @@ class MetricsMiddleware:
                         "duration_ms": round(elapsed * 1000, 3),
                     },
                 )
-
-
-class SQLiteWriteGate:
-    """Serialize write requests in the event loop when the database is SQLite.
-
-    SQLite has one writer at a time. Queuing writers here (an asyncio lock, no thread
-    held) instead of in SQLite's busy handler keeps worker threads free and latency low.
-    """
-
-    _READS = frozenset({"GET", "HEAD", "OPTIONS"})
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-        self._lock = asyncio.Lock()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("method") in self._READS:
-            await self.app(scope, receive, send)
-            return
-        async with self._lock:
-            await self.app(scope, receive, send)

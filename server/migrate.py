@@ -67,6 +67,10 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     cfg = alembic_config()
     with engine.begin() as conn:
         if conn.dialect.name == "postgresql":
+            # A migration may rewrite large tables and wait for another replica's
+            # migration: the request-sized statement and lock timeouts do not apply.
+            conn.execute(text("SET LOCAL statement_timeout = 0"))
+            conn.execute(text("SET LOCAL lock_timeout = 0"))
             conn.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": _LOCK_ID})
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)

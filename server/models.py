@@ -80,6 +80,9 @@ class DatasetRow(Base):
     description: Mapped[str] = mapped_column(Text, default="")
     owner: Mapped[str] = mapped_column(String(256), default="")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # Where the dataset's bytes live (a URL under a configured storage root), chosen by
+    # the server at the first draft; None until then (see server/locations.py).
+    location: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class VersionRow(Base):
@@ -144,6 +147,9 @@ class RunRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     latest_step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # The principal that created the run (``token:<id>``, ``admin`` for the bootstrap
+    # secret), set by the server; None for runs from before owners (admins only write them).
+    owner: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class RunSourceRow(Base):

@@ -252,7 +252,8 @@ class PublishedCache:
         missing: list[str] = []
         for key in keys:
             hit = self._urls.get((*ident, key))
-            if hit is not None and hit[1] - now >= expires_s / 2:
+            # Reused only if it neither expires too soon nor outlives what was asked.
+            if hit is not None and expires_s / 2 <= hit[1] - now <= expires_s:
                 urls[key] = hit[0]
                 expires_at = min(expires_at, hit[1])
             else:

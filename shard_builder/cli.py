@@ -90,6 +90,12 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--overwrite", action="store_true", help="replace a dataset already in the output"
     )
+    parser.add_argument(
+        "--spread-prefixes",
+        action="store_true",
+        help="write shards under hashed folders (1f0c/shard.00003.mds) so reads spread over "
+        "many S3 key prefixes; MosaicML Streaming reads such datasets too",
+    )
     # Tests build tiny datasets: shards below the 64 MB floor only on request.
     parser.add_argument("--allow-small-shards", action="store_true", help=argparse.SUPPRESS)
     publish = parser.add_argument_group("publishing to a shardstream server")
@@ -116,6 +122,7 @@ def _output_options(args: argparse.Namespace, output: str) -> dict[str, Any]:
         "progress": not args.no_progress,
         "overwrite": args.overwrite,
         "allow_small_shards": args.allow_small_shards,
+        "spread_prefixes": args.spread_prefixes,
     }
 
 
@@ -176,8 +183,14 @@ def _run(args: argparse.Namespace, build: Callable[[str], Any]) -> int:
 
         # Written by the server side; imported only when publishing is asked for.
         publish: Any = importlib.import_module("shardstream.shard_builder.publish")
+        # The server places the version; --output elsewhere registers the build in place,
+        # which the server allows admins only: asked at open, so it refuses before building.
         with publish.DraftVersion(
-            args.server, args.dataset, description=args.description, token=args.token
+            args.server,
+            args.dataset,
+            description=args.description,
+            token=args.token,
+            storage_root=publish.storage_url(args.output) if args.output else None,
         ) as draft:
             # A draft aborts if the build raises, so a failed build is never published.
             result = build(args.output or draft.storage_root)

@@ -47,7 +47,8 @@ class OutputOptions:
     ``shard_size`` is the target raw size of a shard in bytes (64-256 MB; smaller only with
     ``allow_small_shards``, which tests use). ``compression`` is ``None`` or ``"zstd"`` /
     ``"zstd:<level>"``. ``workers`` is the number of worker processes; it never changes the
-    bytes written.
+    bytes written. ``spread_prefixes`` writes each shard under a short hashed folder
+    (``1f0c/shard.00003.mds``) so a busy dataset's reads spread over many S3 key prefixes.
     """
 
     output: str
@@ -58,6 +59,7 @@ class OutputOptions:
     progress: bool = True
     overwrite: bool = False
     allow_small_shards: bool = False
+    spread_prefixes: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hashes", _as_tuple(self.hashes))
@@ -191,7 +193,11 @@ def config_dict(config: OutputOptions) -> dict[str, Any]:
 
 def content_options(config: OutputOptions) -> dict[str, Any]:
     """The options that decide the bytes of the output (used in the resume fingerprint)."""
-    return {k: v for k, v in config_dict(config).items() if k not in _NON_CONTENT_OPTIONS}
+    out = {k: v for k, v in config_dict(config).items() if k not in _NON_CONTENT_OPTIONS}
+    if not out["spread_prefixes"]:
+        # Absent when off: builds made before the option keep their fingerprint.
+        del out["spread_prefixes"]
+    return out
 
 
 def parse_size(text: str) -> int:

@@ -19,7 +19,7 @@ from shardstream.mds import ShardInfo, make_encoder, shard_config, write_shard
 from shardstream.shard_builder.config import ImageBuildConfig, content_options
 from shardstream.shard_builder.image_codec import BadImageError, check_image, sniff_format
 from shardstream.shard_builder.image_source import ImageChunk, ImageSource, plan_images, read_items
-from shardstream.shard_builder.journal import BuildJournal, fingerprint, shard_basename
+from shardstream.shard_builder.journal import BuildJournal, fingerprint, shard_key
 from shardstream.shard_builder.progress import BuildProgress
 from shardstream.shard_builder.result import (
     BadInput,
@@ -123,7 +123,7 @@ class _GreedyShards:
         position = len(self.shards)
         info = write_shard(
             self._sink.staging,
-            shard_basename(position),
+            shard_key(position, self._config.spread_prefixes),
             self._columns,
             self._pending,
             compression=self._config.compression,

@@ -25,6 +25,7 @@ from typing import Any
 from shardstream.errors import ConfigError, ObjectNotFoundError, ShardstreamError
 from shardstream.mds import ShardInfo
 from shardstream.shard_builder.sink import ShardSink
+from shardstream.storage._keys import spread_key
 
 log = logging.getLogger(__name__)
 
@@ -117,3 +118,13 @@ class BuildJournal:
 def shard_basename(position: int) -> str:
     """``shard.00000.mds``: MosaicML's shard naming."""
     return f"shard.{position:05d}.mds"
+
+
+def shard_key(position: int, spread_prefixes: bool) -> str:
+    """Where shard ``position`` is written: its basename, or under a hashed folder.
+
+    The folder is a digest of the basename alone (``spread_key``), so every dataset puts
+    shard ``n`` under the same folder and the index says where each shard is.
+    """
+    name = shard_basename(position)
+    return spread_key(name) if spread_prefixes else name

@@ -9,15 +9,17 @@ leaves a published half version::
     from shardstream.api_client import APIClient
     from shardstream.shard_builder.publish import DraftVersion
 
-    with DraftVersion(APIClient(), "wiki", columns={"tokens": "ndarray:uint16:2048"},
-                      storage_root="s3://bucket/wiki/v3") as draft:
-        index = build_shards(out=draft.storage_root)        # the builder's work
+    with DraftVersion(APIClient(), "wiki", columns={"tokens": "ndarray:uint16:2048"}) as draft:
+        index = build_shards(out=draft.storage_root)        # where the server put it
         draft.add_index(index)
     print(draft.version.number, draft.version.status)      # published
 
+The server decides where a version's shards live (``<dataset location>/v<N>`` under a
+storage root its operator configured); a client only learns it from ``draft.storage_root``.
 ``shardstream register URL/index.json --dataset NAME`` publishes an existing MDS dataset in
 place (no copy): the shards stay where they are and the version's storage root points
-there. Only :mod:`argparse` is imported at module level (the CLI contract); the client
+there. That needs an admin token and a location inside one of the server's storage
+roots. Only :mod:`argparse` is imported at module level (the CLI contract); the client
 and codec are imported when used.
 """
 
@@ -54,7 +56,7 @@ def shard_record(index: int, info: ShardInfo, *, prefix: str = "") -> ShardRecor
         raw_bytes=info.raw_data.bytes,
         stored_bytes=stored.bytes,
         compression=info.compression,
-        hashes=dict(stored.hashes),
+        hashes=stored.file_hashes,  # block digests stay in `mds` (too long for this field)
         mds=info.to_dict(),
     )
 
@@ -67,6 +69,8 @@ class DraftVersion:
     ``SHARDSTREAM_TOKEN``) and closed at exit. The draft is opened on entry, so a build
     that fails leaves an aborted draft behind; columns and storage root may be given
     later, by :meth:`add_build` or :meth:`update`, before the first shard is added.
+    A ``storage_root`` other than the one the server assigns needs an admin token (it
+    registers shards that already exist in place, inside the server's storage roots).
     """
 
     def __init__(
@@ -123,7 +127,7 @@ class DraftVersion:
         self._version = self.api.create_version(
             self.dataset,
             self._columns,
-            storage_root=self._storage_root,
+            storage_root=storage_url(self._storage_root) if self._storage_root else None,
             builder_config=self._builder_config,
             lineage=self._lineage,
         )
@@ -143,7 +147,7 @@ class DraftVersion:
             self.dataset,
             self.number,
             columns=columns,
-            storage_root=_as_url(storage_root) if storage_root is not None else None,
+            storage_root=storage_url(storage_root) if storage_root is not None else None,
             builder_config=builder_config,
             lineage=lineage,
         )
@@ -163,16 +167,18 @@ class DraftVersion:
         )
 
     def add_build(self, result: Any) -> None:
-        """Register a finished build (a ``BuildResult``): its output becomes the storage
-        root, its columns, config and lineage are recorded, then its shards are added."""
+        """Register a finished build (a ``BuildResult``): its columns, config and lineage
+        are recorded, then its shards are added. A build written somewhere other than
+        ``storage_root`` moves the draft there (admins only, see :class:`DraftVersion`)."""
         import json
 
         def plain(value: Any) -> Any:  # Paths, tuples, dataclasses -> JSON values
             return json.loads(json.dumps(value, default=str))
 
+        output = storage_url(str(result.output))
         self.update(
             columns=dict(result.columns),
-            storage_root=str(result.output),
+            storage_root=output if output != self.storage_root else None,
             builder_config=plain({"kind": result.kind, **dict(result.config)}),
             lineage=plain({"inputs": result.lineage, "metadata": result.metadata}),
         )
@@ -225,8 +231,12 @@ class DraftVersion:
             self.close()
 
 
-def _as_url(root: str) -> str:
-    """A storage root as a URL: local paths become absolute ``file://`` URLs."""
+def storage_url(root: str) -> str:
+    """A storage root as a URL: local paths become absolute ``file://`` URLs.
+
+    >>> storage_url("s3://bucket/data/")
+    's3://bucket/data'
+    """
     if "://" in root:
         return root.rstrip("/")
     from pathlib import Path
@@ -252,7 +262,7 @@ def register_index(
             f"{index_url!r} is not an index.json URL; give e.g. s3://bucket/data/index.json "
             "or /abs/path/index.json"
         )
-    store = open_store(_as_url(root))
+    store = open_store(storage_url(root))
     index = load_index(store.read_bytes(name))
     if not index.shards:
         raise ConfigError(f"{index_url} lists no shards; nothing to register")

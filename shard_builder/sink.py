@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import re
 import shutil
 import tempfile
 import threading
@@ -27,6 +28,13 @@ INDEX_KEY = "index.json"
 METADATA_KEY = "shardstream.json"
 _SHARD_MODE = 0o644
 _OURS = ("shard.", INDEX_KEY, METADATA_KEY, ".shardstream-build/")
+# Shards of a build with ``spread_prefixes`` sit under a hashed folder: "1f0c/shard.00003.mds".
+_SPREAD_SHARD = re.compile(r"[0-9a-f]{2,8}/shard\.")
+
+
+def _is_ours(key: str) -> bool:
+    """Whether ``key`` is a file a build writes (and ``--overwrite`` may delete)."""
+    return key.startswith(_OURS) or _SPREAD_SHARD.match(key) is not None
 
 
 def local_output_dir(output: str) -> Path | None:
@@ -68,7 +76,7 @@ class ShardSink:
         """Refuse an output that already holds files (deleting ours first if ``overwrite``)."""
         if overwrite:
             for key, _ in list(self.store.list()):
-                if key.startswith(_OURS):
+                if _is_ours(key):
                     self.store.delete(key)
         found = [key for key, _ in self.store.list() if not key.startswith(".shardstream-build/")]
         if found:
@@ -83,7 +91,7 @@ class ShardSink:
         with contextlib.suppress(ShardstreamError):
             self.flush()
         for key, _ in list(self.store.list()):
-            if key.startswith(_OURS):
+            if _is_ours(key):
                 self.store.delete(key)
         self.remove_local_dir(".shardstream-build")
 
@@ -157,7 +165,8 @@ class ShardSink:
 
 def _sweep_temp_files(folder: Path) -> None:
     # The codec writes ".<name>.<random>.tmp" before its rename; a killed build leaves them.
-    for path in folder.glob(".shard.*.tmp"):
-        path.unlink(missing_ok=True)
+    for pattern in (".shard.*.tmp", "*/.shard.*.tmp"):  # "*/": under spread prefixes
+        for path in folder.glob(pattern):
+            path.unlink(missing_ok=True)
     for path in folder.glob(".index.json.*.tmp"):
         path.unlink(missing_ok=True)

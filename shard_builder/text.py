@@ -25,7 +25,7 @@ from shardstream.errors import InputError
 from shardstream.mds import ShardInfo, samples_per_shard, write_shard_arrays
 from shardstream.shard_builder.config import TextBuildConfig, content_options
 from shardstream.shard_builder.inputs import lineage, resolve_inputs
-from shardstream.shard_builder.journal import BuildJournal, fingerprint, shard_basename
+from shardstream.shard_builder.journal import BuildJournal, fingerprint, shard_key
 from shardstream.shard_builder.packing import StreamPosition, TokenPacker
 from shardstream.shard_builder.progress import BuildProgress
 from shardstream.shard_builder.result import (
@@ -122,7 +122,7 @@ def build_text(config: TextBuildConfig) -> BuildResult:
             position = len(shards)
             info = write_shard_arrays(
                 sink.staging,
-                shard_basename(position),
+                shard_key(position, config.spread_prefixes),
                 columns,
                 {config.column: block},
                 compression=config.compression,

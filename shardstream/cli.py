@@ -21,6 +21,7 @@ from shardstream.errors import ShardstreamError
 # Modules with a ``register(subparsers)`` function, in the order shown by ``--help``.
 _COMMAND_MODULES = (
     "shardstream.shard_builder.cli",
+    "shardstream.shard_builder.importers.cli",
     "shardstream.shard_builder.publish",
     "shardstream.server.cli",
     "shardstream.client.cli",

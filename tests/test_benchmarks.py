@@ -64,3 +64,45 @@ def test_index_startup_opens_the_dataset_every_way() -> None:
         "restart (node cache)",
     ]
     assert all(float(row[40:].split()[0]) > 0 for row in rows if row.strip())
+
+
+@pytest.mark.timeout(600)
+def test_cloud_read_runs_every_reader_through_the_emulator(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "cloud_read.py"), "--shard-mb", "0.25"]
+    cmd += ["--shards", "4", "--nodes", "2", "--modes", "cache,cacheless", "--slowdown", "0.3"]
+    cmd += ["--peers", "mosaic,litdata"]
+    cmd += ["--dir", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=580, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "FAILED" not in done.stdout, done.stdout[-3000:]
+    table = done.stdout.split("| dataset | reader |", 1)[1].splitlines()[2:]
+    rows = {cells[1]: cells[2:] for cells in (line.split(" | ") for line in table if line)}
+    expected = ["shardstream cache", "mosaic (S3 remote)", "litdata (S3 remote)"]
+    expected += ["shardstream cache, resumed at 90%", "shardstream cache, 30% SlowDown"]
+    expected += ["shardstream cache, 2 nodes"]
+    if "mode 'cacheless' skipped" not in done.stdout:
+        expected += ["shardstream cacheless", "shardstream cacheless, resumed at 90%"]
+    assert sorted(rows) == sorted(expected), done.stdout
+    for label, cells in rows.items():
+        first_batch, samples_s, fetched, requests = (
+            cells[i].replace(",", "") for i in (0, 1, 5, 6)
+        )
+        assert float(first_batch) > 0 and int(requests) > 0, label
+        if "resumed" not in label:  # a whole epoch: every byte came through the emulator
+            assert float(samples_s) > 0 and float(fetched) >= 0.99, (label, cells)
+        else:  # one batch: no rates
+            assert samples_s == "-", (label, cells)
+    # The injected SlowDowns were answered (the emulator's seeded rolls make the 4th request
+    # of that run one) and the epoch still completed.
+    assert int(rows["shardstream cache, 30% SlowDown"][7]) >= 1
+
+
+@pytest.mark.timeout(300)
+def test_import_formats_compares_every_format_with_its_library() -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "import_formats.py"), "--samples", "300"]
+    cmd += ["--payload", "256"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=280, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line.split() for line in done.stdout.splitlines()[2:] if line.strip()]
+    assert sorted({r[0] for r in rows}) == ["lmdb", "tfrecord", "webdataset"]
+    assert all(r[-1].endswith("x") and float(r[-1][:-1]) > 0 for r in rows), done.stdout

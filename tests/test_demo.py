@@ -43,4 +43,5 @@ def test_demo_resumes_exactly(tmp_path: Path) -> None:
     assert 35 <= kill_step < 60 and checkpoint == kill_step // 10 * 10  # mid-run, committed
     # the published version and the run's checkpoints live in the server's SQLite file
     assert (tmp_path / "demo" / "server").is_dir()
-    assert len(list((tmp_path / "demo" / "shards").glob("shard.*.mds"))) > 1
+    # under the location the server chose: shards/<dataset>-<id>/v1
+    assert len(list((tmp_path / "demo" / "shards").glob("kjv-*/v1/shard.*.mds"))) > 1

@@ -34,9 +34,9 @@ class PlanConfig:
         seed: base seed of the run (>= 0); with ``epoch`` it determines the whole order.
         global_batch_size: samples per global batch ``B`` (over all ranks).
         num_partitions: canonical partitions ``P``; ``B % P == 0``. The unit of locality: a
-            node downloads only its partitions' shards, so pick ``P`` as a multiple of every
-            node count the run may use (e.g. 8 x the largest). World sizes must divide ``P``
-            or be divisible by it. Resuming requires the same ``B`` and ``P``.
+            node downloads only the shards of the partitions its ranks' slices touch, so
+            locality is exact for node counts that divide ``P``. Any world size dividing
+            ``B`` can read (and resume) the plan. Resuming requires the same ``B`` and ``P``.
         shuffle: permute shards per epoch and mix samples inside windows; ``False`` reads
             every partition in storage order.
         tail: ``"drop"`` the last partial global batch, or ``"pad"`` it by repeating
@@ -82,19 +82,17 @@ class PlanConfig:
         return self.global_batch_size // self.num_partitions
 
     def check_world_size(self, world_size: int) -> None:
-        """Raise :class:`PlanError` unless ``world_size`` ranks can share this plan."""
+        """Raise :class:`PlanError` unless ``world_size`` ranks can share this plan.
+
+        Any world size that divides the global batch size can: a rank reads a contiguous
+        ``B / world_size`` slice of every global batch, whatever ``num_partitions`` is, so a
+        run resumes on any such world size (locality is exact when the node count divides
+        ``num_partitions``; see ``docs/plan.md``).
+        """
         if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)):
             raise PlanError(f"world_size must be an integer, got {world_size!r}")
         if world_size < 1:
             raise PlanError(f"world_size must be >= 1, got {world_size}")
-        p = self.num_partitions
-        if p % world_size and world_size % p:
-            raise PlanError(
-                f"world_size={world_size} and PlanConfig.num_partitions={p}: one must divide "
-                f"the other, so ranks map onto whole partitions or equal parts of one; choose "
-                f"num_partitions as a multiple of every world size you run with (e.g. "
-                f"{math.lcm(p, world_size)})"
-            )
         if self.global_batch_size % world_size:
             raise PlanError(
                 f"global_batch_size={self.global_batch_size} is not divisible by "

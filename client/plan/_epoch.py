@@ -14,8 +14,9 @@ Layout of one epoch (``docs/plan.md`` has the reasoning):
    of seeded block bijections with blocks of ``window / 2`` (:mod:`._mixing`): every batch
    draws from all shards of a ``window``-sized span, and half a window turns over at a time.
 5. **Batches.** Global batch ``b`` = for each partition, positions ``b q .. b q + q - 1``
-   (``q = B / P``). Rank ``r`` of ``W`` takes whole partitions (``W | P``) or an equal slot
-   range of one (``P | W``): a rank's batch is a slice of the global batch for every ``W``.
+   (``q = B / P``), partitions end to end. Rank ``r`` of ``W`` takes the contiguous slots
+   ``[r B / W, (r+1) B / W)`` of it, for every ``W`` dividing ``B``: the global batches do
+   not depend on the world size, which is what makes resuming on any world size exact.
 """
 
 from __future__ import annotations
@@ -171,19 +172,26 @@ class EpochPlan:
         out: I64 = self.shard_starts[shard] + local
         return out
 
-    def rank_layout(self, rank: int, world_size: int) -> tuple[I64, int, int]:
-        """Partitions of ``rank`` and its slot range ``[lo, hi)`` inside each of them."""
+    def rank_layout(self, rank: int, world_size: int) -> tuple[I64, I64, I64]:
+        """``(parts, lo, hi)``: the partitions ``rank``'s slice touches, in order, and its
+        slot range ``[lo, hi)`` inside each of them.
+
+        A global batch is the partitions' ``q = B / P`` slots laid end to end (partition
+        major); rank ``r`` of ``W`` reads the contiguous slots ``[r B / W, (r+1) B / W)``.
+        When ``W`` divides ``P`` that is whole partitions, when ``P`` divides ``W`` an equal
+        part of one, and otherwise whole partitions plus a part of one at either end: any
+        world size dividing ``B`` reads the same global batches.
+        """
         self.config.check_world_size(world_size)
         if not 0 <= rank < world_size:
             raise PlanError(f"rank={rank} is outside 0 .. world_size-1 = {world_size - 1}")
-        p, q = self.config.num_partitions, self.config.partition_batch_size
-        if world_size <= p:
-            per = p // world_size
-            return np.arange(rank * per, (rank + 1) * per, dtype=np.int64), 0, q
-        k = world_size // p
-        sub = q // k
-        part = np.array([rank // k], dtype=np.int64)
-        return part, (rank % k) * sub, (rank % k + 1) * sub
+        q = self.config.partition_batch_size
+        per = self.config.global_batch_size // world_size
+        start, stop = rank * per, (rank + 1) * per
+        parts = np.arange(start // q, (stop - 1) // q + 1, dtype=np.int64)
+        lo = np.maximum(parts * q, start) - parts * q
+        hi = np.minimum((parts + 1) * q, stop) - parts * q
+        return parts, lo, hi
 
     def _check_batch(self, b: int) -> None:
         if not 0 <= b < self.num_batches:
@@ -222,14 +230,15 @@ class EpochPlan:
         if bs.size and (bs.min() < 0 or bs.max() >= self.num_batches):
             bad = bs[(bs < 0) | (bs >= self.num_batches)][0]
             self._check_batch(int(bad))
-        parts, lo, hi = self.rank_layout(rank, world_size)
+        self.rank_layout(rank, world_size)  # validates rank and world size
         q = self.config.partition_batch_size
-        slots = np.arange(lo, hi, dtype=np.int64)
-        shape = (bs.size, parts.size, slots.size)
-        t = bs[:, None, None] * q + slots[None, None, :]
-        part = np.broadcast_to(parts[None, :, None], shape).ravel()
+        per = self.config.global_batch_size // world_size
+        slot = np.arange(rank * per, (rank + 1) * per, dtype=np.int64)  # in the global batch
+        shape = (bs.size, per)
+        t = bs[:, None] * q + (slot % q)[None, :]
+        part = np.broadcast_to((slot // q)[None, :], shape).ravel()
         ids = self._items(part, np.broadcast_to(t, shape).ravel())
-        return ids.reshape(bs.size, parts.size * slots.size)
+        return ids.reshape(shape)
 
     def iter_rank_batches(
         self, rank: int, world_size: int, batches: Sequence[int], chunk: int = 64

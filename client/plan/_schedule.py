@@ -52,8 +52,8 @@ def spans_between(view: PlanView, a: int, b: int) -> tuple[I64, I64, I64]:
     return np.concatenate(spans), np.concatenate(starts), np.concatenate(ends)
 
 
-def rank_schedule(view: PlanView, parts: I64, lo: int, start_batch: int) -> tuple[I64, I64, I64]:
-    """``(shards, first, last)`` for a rank reading slots from ``lo`` of ``parts``.
+def rank_schedule(view: PlanView, parts: I64, lo: I64, start_batch: int) -> tuple[I64, I64, I64]:
+    """``(shards, first, last)`` for a rank reading slots ``[lo, hi)`` of ``parts``.
 
     A span whose items lie in windows ``i .. j`` of its partition is read only by batches
     whose positions fall in those windows; shards are listed once, at their first need,
@@ -64,10 +64,12 @@ def rank_schedule(view: PlanView, parts: I64, lo: int, start_batch: int) -> tupl
         return empty, empty, empty
     q, s, v = view.partition_batch_size, view.partition_size, view.block
     firsts, lasts, shards = [], [], []
-    for p in parts.tolist():
+    for p, p_lo in zip(parts.tolist(), lo.tolist(), strict=True):
         # Items reachable from the resume position: from the plain block holding the start
-        # of the shifted block that holds the first position still to be read.
-        t0 = np.array([start_batch * q + lo], dtype=np.int64)
+        # of the shifted block that holds the first position still to be read. A rank
+        # reading only slots [lo, hi) of a partition still needs all of it (the mixing
+        # spreads every slot over the whole window), so hi bounds nothing here.
+        t0 = np.array([start_batch * q + p_lo], dtype=np.int64)
         x0 = int(plain_blocks(shifted_blocks(t0, v, s)[1], v, s)[1][0]) if v > 1 else int(t0[0])
         spans, starts, ends = spans_between(view, p * s + x0, (p + 1) * s)
         xs, xe = starts - p * s, ends - p * s

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from contextlib import nullcontext
 from typing import Annotated
 
 from fastapi import Depends, Path, Query, Request
@@ -40,13 +42,37 @@ SettingsDep = Annotated[Settings, Depends(app_settings)]
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-async def get_db(request: Request) -> AsyncIterator[Session]:
+async def write_turn(request: Request) -> AsyncIterator[None]:
+    """A write's turn at the database: the caller authenticated, then, on SQLite, the
+    app's write gate held until the request's transaction is over.
+
+    SQLite has one writer at a time; writers queue on an asyncio lock (waiting holds no
+    thread). The gate is taken here, so only by an authenticated caller whose body has
+    been received and parsed already (FastAPI parses bodies before it resolves
+    dependencies, and :class:`~shardstream.server.limits.RequestGuard` bounds how long
+    that may take): a client that never finishes its body holds nothing. A dependency of
+    :func:`get_db` rather than part of it, so queued writers do not hold the session
+    slots (``DB_CONCURRENCY``) that readers need.
+    """
+    if request.method in _READ_METHODS:
+        yield
+        return
+    await authenticate(request)  # an unknown caller never queues for the gate
+    gate: asyncio.Lock | None = request.app.state.write_gate
+    async with gate if gate is not None else nullcontext():
+        yield
+
+
+async def get_db(
+    request: Request, _turn: Annotated[None, Depends(write_turn, scope="function")]
+) -> AsyncIterator[Session]:
     """One session per request: committed when the route returns, rolled back on error.
 
     Async, so opening and closing a session costs no thread hop (a session does no I/O
     until its first query); only a write's COMMIT runs in the thread pool. Reads use a
     session bound for autocommit on PostgreSQL (no BEGIN/COMMIT round trips); writes one
-    that begins with BEGIN IMMEDIATE on SQLite (see ``db._sqlite_begin``).
+    that begins with BEGIN IMMEDIATE on SQLite (see ``db._sqlite_begin``), in their turn
+    (:func:`write_turn`).
     """
     write = request.method not in _READ_METHODS
     state = request.app.state
@@ -73,15 +99,31 @@ DB_CONCURRENCY = 16
 SessionDep = Annotated[Session, Depends(get_db, scope="function", max_concurrency=DB_CONCURRENCY)]
 
 
-async def get_principal(request: Request, settings: SettingsDep) -> Principal:
+_PRINCIPAL = "shardstream.principal"
+
+
+async def authenticate(request: Request) -> Principal:
     """Authenticate the bearer token (401 when missing, unknown, revoked or expired).
 
-    Async on purpose: a cached token costs no thread hop; a lookup runs in the pool.
+    Remembered on the request: the request guard authenticates write requests before
+    their body is read, and the routes' dependencies then reuse that answer. Async on
+    purpose: a cached token costs no thread hop; a lookup runs in the pool.
     """
+    known: Principal | None = request.scope.get(_PRINCIPAL)
+    if known is not None:
+        return known
+    settings: Settings = request.app.state.settings
     secret = bearer_secret(request.headers.get("authorization"))
     admin = settings.admin_token.get_secret_value() if settings.admin_token else None
     if matches_admin_secret(secret, admin):
-        return Principal(name="admin (SHARDSTREAM_ADMIN_TOKEN)", scope=Scope.admin)
+        principal = Principal(name="admin (SHARDSTREAM_ADMIN_TOKEN)", scope=Scope.admin)
+    else:
+        principal = await _lookup(request, secret)
+    request.scope[_PRINCIPAL] = principal
+    return principal
+
+
+async def _lookup(request: Request, secret: str) -> Principal:
     cache: TokenCache = request.app.state.token_cache
     key = hash_secret(secret)
     now = utcnow()
@@ -94,14 +136,19 @@ async def get_principal(request: Request, settings: SettingsDep) -> Principal:
         with factory() as session:
             return tokens_data.find(session, secret)
 
-    async def authenticate() -> Principal:
+    async def fetch() -> Principal:
         found = principal_for(await run_in_threadpool(lookup), now)
         cache.put(key, found)
         return found
 
     # Every rank of a starting job presents the same token at once: one lookup for all.
     lookups: SingleFlight[str, Principal] = request.app.state.token_lookups
-    return await lookups.run(key, authenticate)
+    return await lookups.run(key, fetch)
+
+
+async def get_principal(request: Request) -> Principal:
+    """The caller (a dependency; see :func:`authenticate`)."""
+    return await authenticate(request)
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal, scope="function")]

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import Enum
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shardstream.errors import ConflictError, NotFoundError
+from shardstream.server.auth import Principal
 from shardstream.server.models import CheckpointRow, utcnow
 from shardstream.wire import CheckpointCreate, CheckpointPublic, Page
 
 from . import decode_cursor
 from . import runs as runs_data
+from .paging import bounded_page, json_size
 
 
 class CommitResult(str, Enum):
@@ -36,7 +39,7 @@ def _same_state(row: CheckpointRow, body: CheckpointCreate) -> bool:
 
 
 def commit(
-    session: Session, run_id: int, body: CheckpointCreate
+    session: Session, run_id: int, body: CheckpointCreate, *, who: Principal
 ) -> tuple[CheckpointPublic, CommitResult]:
     """Commit ``body`` at its step.
 
@@ -44,12 +47,16 @@ def commit(
     is answered from the stored row without a lock. A new step locks the run row
     (PostgreSQL ``FOR UPDATE``) so concurrent commits of one run are serialized.
     Re-committing a step with the same state returns it unchanged; with a different
-    state, or a step below the latest, is a 409.
+    state, or a step below the latest, is a 409. Only the run's owner, or an admin over
+    all its datasets, may commit (403), replays included.
     """
     existing = session.get(CheckpointRow, (run_id, body.step))
     if existing is None:
         run = runs_data.get(session, run_id, lock=True)
+        runs_data.require_writable(session, who, run)
         existing = session.get(CheckpointRow, (run_id, body.step))  # committed meanwhile?
+    else:
+        runs_data.require_writable(session, who, runs_data.get(session, run_id))
     if existing is not None:
         if _same_state(existing, body):
             return to_public(existing), CommitResult.unchanged
@@ -107,13 +114,23 @@ def latest(session: Session, run_id: int) -> CheckpointPublic:
 def page(
     session: Session, run_id: int, *, cursor: str | None, limit: int
 ) -> Page[CheckpointPublic]:
-    """A page of a run's checkpoints by step."""
+    """A page of a run's checkpoints by step, bounded in plan bytes as well as rows
+    (:func:`~.paging.bounded_page`)."""
     runs_data.get(session, run_id)
-    after = decode_cursor(cursor)
-    query = select(CheckpointRow).where(CheckpointRow.run_id == run_id)
-    if after is not None:
-        query = query.where(CheckpointRow.step > after)
-    rows = session.scalars(query.order_by(CheckpointRow.step).limit(limit + 1)).all()
-    items = [to_public(r) for r in rows[:limit]]
-    nxt = str(items[-1].step) if len(rows) > limit else None
+
+    def fetch(after: int | None, n: int) -> Sequence[CheckpointRow]:
+        query = select(CheckpointRow).where(CheckpointRow.run_id == run_id)
+        if after is not None:
+            query = query.where(CheckpointRow.step > after)
+        return session.scalars(query.order_by(CheckpointRow.step).limit(n)).all()
+
+    rows, more = bounded_page(
+        fetch,
+        lambda r: r.step,
+        lambda r: json_size(r.plan),
+        after=decode_cursor(cursor),
+        limit=limit,
+    )
+    items = [to_public(r) for r in rows]
+    nxt = str(items[-1].step) if more else None
     return Page[CheckpointPublic](items=items, next_cursor=nxt)

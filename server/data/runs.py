@@ -1,15 +1,26 @@
-"""Run queries."""
+"""Run queries, and who may write a run.
+
+A run belongs to the principal that created it (``RunRow.owner``, server-derived, never
+sent by the caller). Committing checkpoints and changing the status need that principal,
+or an admin whose rights cover every dataset the run reads; reading needs read access to
+all its datasets. Runs from before owners existed (owner NULL) are written by such admins
+only.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from sqlalchemy import exists, func, select
 from sqlalchemy.orm import Session
 
-from shardstream.errors import ConflictError, NotFoundError
+from shardstream.errors import ConflictError, NotFoundError, PermissionDeniedError
+from shardstream.server.auth import Principal
 from shardstream.server.models import DatasetRow, RunRow, RunSourceRow, VersionRow, utcnow
 from shardstream.wire import Page, RunCreate, RunPublic, RunSource, RunStatus
 
 from . import decode_cursor
+from .paging import bounded_page, json_size
 
 
 def get(session: Session, run_id: int, *, lock: bool = False) -> RunRow:
@@ -45,13 +56,44 @@ def to_public(row: RunRow, srcs: list[RunSourceRow]) -> RunPublic:
         plan=row.plan,
         status=RunStatus(row.status),
         created_by=row.created_by,
+        owner=row.owner,
         created_at=row.created_at,
         updated_at=row.updated_at,
     )
 
 
-def create(session: Session, body: RunCreate, *, created_by: str) -> RunPublic:
-    """Register a run; every source must be a published version (404/409 otherwise)."""
+def require_readable(session: Session, who: Principal, run_id: int) -> None:
+    """404 for an unknown run, 403 when it reads a dataset outside ``who``'s allow-list."""
+    get(session, run_id)
+    if who.datasets is None:
+        return
+    for src in sources(session, run_id):
+        who.require_dataset(src.dataset)
+
+
+def require_writable(session: Session, who: Principal, run: RunRow) -> None:
+    """403 unless ``who`` owns ``run`` or is an admin whose rights cover all its datasets.
+
+    The run's datasets are loaded only for a restricted token (an unrestricted one covers
+    them all), so the owner's commits cost no extra query. The scope (``write``) is checked
+    by the route.
+    """
+    covered = who.datasets is None or who.covers(s.dataset for s in sources(session, run.id))
+    if covered and (who.is_admin_over(()) or run.owner == who.principal_id):
+        return
+    owner = "nobody (created before runs had owners)" if run.owner is None else run.owner
+    raise PermissionDeniedError(
+        f"run {run.id} belongs to {owner}; token {who.name!r} ({who.principal_id}) cannot "
+        "change it: only its owner or an admin over all its datasets can",
+        403,
+    )
+
+
+def create(session: Session, body: RunCreate, *, created_by: Principal) -> RunPublic:
+    """Register a run owned by ``created_by``; every source must be a published version
+    (404/409 otherwise) that ``created_by`` may read (403)."""
+    for src in body.sources:
+        created_by.require_dataset(src.dataset)
     resolved: list[tuple[RunSource, int]] = []
     for src in body.sources:
         found = session.execute(
@@ -75,7 +117,8 @@ def create(session: Session, body: RunCreate, *, created_by: str) -> RunPublic:
         global_batch_size=body.global_batch_size,
         plan=body.plan,
         status="running",
-        created_by=created_by,
+        created_by=created_by.name[:128],
+        owner=created_by.principal_id,
         created_at=now,
         updated_at=now,
     )
@@ -97,9 +140,10 @@ def create(session: Session, body: RunCreate, *, created_by: str) -> RunPublic:
     return to_public(row, srcs)
 
 
-def set_status(session: Session, run_id: int, status: RunStatus) -> RunPublic:
-    """Change a run's status."""
+def set_status(session: Session, run_id: int, status: RunStatus, *, who: Principal) -> RunPublic:
+    """Change a run's status (its owner, or an admin over all its datasets)."""
     row = get(session, run_id, lock=True)
+    require_writable(session, who, row)
     row.status = status.value
     row.updated_at = utcnow()
     session.flush()
@@ -109,16 +153,28 @@ def set_status(session: Session, run_id: int, status: RunStatus) -> RunPublic:
 def page(
     session: Session, *, cursor: str | None, limit: int, allowed: frozenset[str] | None
 ) -> Page[RunPublic]:
-    """A page of runs by id; a restricted token sees runs reading only its datasets."""
-    after = decode_cursor(cursor) or 0
-    query = select(RunRow).where(RunRow.id > after).order_by(RunRow.id).limit(limit + 1)
-    if allowed is not None:
-        outside = exists().where(
-            RunSourceRow.run_id == RunRow.id, RunSourceRow.dataset.not_in(sorted(allowed))
-        )
-        query = query.where(~outside)
-    rows = session.scalars(query).all()[: limit + 1]
-    shown = rows[:limit]
+    """A page of runs by id; a restricted token sees runs reading only its datasets.
+
+    Bounded in plan bytes as well as rows (:func:`~.paging.bounded_page`), so listing
+    runs with large plans holds little memory whatever ``limit`` is.
+    """
+
+    def fetch(after: int | None, n: int) -> Sequence[RunRow]:
+        query = select(RunRow).where(RunRow.id > (after or 0)).order_by(RunRow.id).limit(n)
+        if allowed is not None:
+            outside = exists().where(
+                RunSourceRow.run_id == RunRow.id, RunSourceRow.dataset.not_in(sorted(allowed))
+            )
+            query = query.where(~outside)
+        return session.scalars(query).all()
+
+    shown, more = bounded_page(
+        fetch,
+        lambda r: r.id,
+        lambda r: json_size(r.plan),
+        after=decode_cursor(cursor),
+        limit=limit,
+    )
     by_run: dict[int, list[RunSourceRow]] = {r.id: [] for r in shown}
     if shown:
         for src in session.scalars(
@@ -128,7 +184,7 @@ def page(
         ):
             by_run[src.run_id].append(src)
     items = [to_public(r, by_run[r.id]) for r in shown]
-    nxt = str(shown[-1].id) if len(rows) > limit else None
+    nxt = str(shown[-1].id) if more else None
     return Page[RunPublic](items=items, next_cursor=nxt)
 
 

@@ -8,7 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shardstream.errors import NotFoundError
-from shardstream.server.auth import hash_secret, new_secret
+from shardstream.server.auth import Principal, hash_secret, new_secret
 from shardstream.server.models import TokenRow, utcnow
 from shardstream.wire import Page, Scope, TokenCreate, TokenPublic
 
@@ -54,8 +54,9 @@ def create(
     return to_public(row, secret)
 
 
-def create_from(session: Session, body: TokenCreate) -> TokenPublic:
-    """Create a token from the API request body."""
+def create_from(session: Session, body: TokenCreate, *, minted_by: Principal) -> TokenPublic:
+    """Create a token from the API request body, within ``minted_by``'s rights (403)."""
+    minted_by.require_can_mint(body.scopes, body.datasets, body.expires_at)
     return create(
         session,
         name=body.name,
@@ -65,6 +66,16 @@ def create_from(session: Session, body: TokenCreate) -> TokenPublic:
     )
 
 
+def _scopes(row: TokenRow) -> list[Scope]:
+    return [Scope(s) for s in row.scopes.split(",") if s]
+
+
+def visible(row: TokenRow, who: Principal) -> bool:
+    """Whether ``who`` may see and revoke ``row``: a token that reaches nothing beyond
+    ``who``'s own rights (a restricted admin manages only tokens within its datasets)."""
+    return who.within_rights(_scopes(row), row.datasets)
+
+
 def find(session: Session, secret: str) -> TokenRow | None:
     """The token whose secret is ``secret`` (by hash), if any."""
     return session.scalars(
@@ -72,31 +83,51 @@ def find(session: Session, secret: str) -> TokenRow | None:
     ).first()
 
 
-def get(session: Session, token_id: int) -> TokenRow:
-    """The token with ``token_id``, or 404."""
+def get(session: Session, token_id: int, *, who: Principal) -> TokenRow:
+    """The token with ``token_id``, or 404 (also when it is beyond ``who``'s rights, so a
+    restricted admin learns nothing about other teams' tokens)."""
     row = session.get(TokenRow, token_id)
-    if row is None:
+    if row is None or not visible(row, who):
         raise NotFoundError(f"token {token_id} not found", 404)
     return row
 
 
-def revoke(session: Session, token_id: int) -> TokenPublic:
-    """Revoke a token (idempotent); it stops working at once."""
-    row = get(session, token_id)
+def revoke(session: Session, token_id: int, *, who: Principal) -> TokenPublic:
+    """Revoke a token within ``who``'s rights (idempotent); it stops working at once."""
+    row = get(session, token_id, who=who)
     if row.revoked_at is None:
         row.revoked_at = utcnow()
         session.flush()
     return to_public(row)
 
 
-def page(session: Session, *, cursor: str | None, limit: int) -> Page[TokenPublic]:
-    """A page of tokens by id (never their secrets)."""
+_SCAN_CHUNK = 500
+
+
+def page(session: Session, *, cursor: str | None, limit: int, who: Principal) -> Page[TokenPublic]:
+    """A page of the tokens ``who`` may see, by id (never their secrets).
+
+    The allow-list is a JSON column, so the filter runs here, over chunks of rows, until
+    the page is full or the table ends.
+    """
     after = decode_cursor(cursor) or 0
-    rows = session.scalars(
-        select(TokenRow).where(TokenRow.id > after).order_by(TokenRow.id).limit(limit + 1)
-    ).all()
-    items = [to_public(r) for r in rows[:limit]]
-    nxt = str(items[-1].id) if len(rows) > limit else None
+    items: list[TokenPublic] = []
+    more = False
+    while not more:
+        rows = session.scalars(
+            select(TokenRow).where(TokenRow.id > after).order_by(TokenRow.id).limit(_SCAN_CHUNK)
+        ).all()
+        for row in rows:
+            if not visible(row, who):
+                continue
+            if len(items) == limit:
+                more = True
+                break
+            items.append(to_public(row))
+        if len(rows) < _SCAN_CHUNK:
+            break
+        after = rows[-1].id
+    nxt = str(items[-1].id) if more else None
     return Page[TokenPublic](items=items, next_cursor=nxt)
 
 

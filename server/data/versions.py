@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.orm import Session
 
 from shardstream.errors import ConflictError, NotFoundError, RequestValidationError
+from shardstream.server.locations import (
+    Location,
+    LocationError,
+    check_shard_key,
+    parse_location,
+)
 from shardstream.server.models import DatasetRow, ShardRow, VersionRow, utcnow
 from shardstream.server.published import VersionSnapshot
 from shardstream.wire import (
+    MAX_INT,
     Page,
     ShardBatch,
     ShardBatchResult,
@@ -22,28 +30,8 @@ from shardstream.wire import (
 )
 
 from . import decode_cursor
-
-_URL_SCHEMES = ("s3://", "file:///", "http://", "https://")
-
-
-def normalize_storage_root(root: str) -> str:
-    """Check a storage root URL and strip trailing slashes, or raise 422."""
-    root = root.strip()
-    if "\x00" in root or any(ord(c) < 32 for c in root):
-        raise RequestValidationError("body.storage_root: control characters are not allowed", 422)
-    if root.startswith("/"):
-        root = "file://" + root
-    if not root.startswith(_URL_SCHEMES) or root.rstrip("/") in ("s3:", "file:", "http:", "https:"):
-        raise RequestValidationError(
-            f"body.storage_root: {root!r} is not a storage URL; use s3://bucket/prefix, "
-            "file:///absolute/dir or an absolute path",
-            422,
-        )
-    if any(part in (".", "..") for part in root.split("://", 1)[1].split("/")):
-        raise RequestValidationError(
-            f"body.storage_root: {root!r} contains '.' or '..' segments", 422
-        )
-    return root.rstrip("/") if root.rstrip("/") != "file://" else "file:///"
+from .paging import bounded_page, json_size
+from .placement import placed_root, registered_root, require_register_right
 
 
 def to_public(row: VersionRow, dataset: str) -> VersionPublic:
@@ -123,10 +111,15 @@ def create_draft(
     body: VersionCreate,
     *,
     created_by: str,
-    root: str,
+    roots: tuple[Location, ...],
+    may_register: bool = False,
     idempotency_key: str | None = None,
 ) -> tuple[VersionRow, bool]:
-    """Open the next-numbered draft; ``root`` is the server's default storage root.
+    """Open the next-numbered draft at ``<dataset location>/v<number>``.
+
+    ``roots`` are the configured storage roots, the default first. A ``storage_root`` in
+    the body (registering in place) needs ``may_register`` (an admin) and must pass
+    :func:`.placement.registered_root`.
 
     Returns the row and whether it was created. With an ``idempotency_key`` that an
     earlier draft of this dataset was created with, that draft is returned as it is now
@@ -135,6 +128,8 @@ def create_draft(
     """
     # Serialize draft creation per dataset (PostgreSQL; SQLite writers already are), so
     # concurrent requests neither race for the next number nor miss each other's key.
+    if body.storage_root is not None:
+        require_register_right(may_register, "body.storage_root")
     session.execute(select(DatasetRow.id).where(DatasetRow.id == dataset.id).with_for_update())
     digest = request_digest(body) if idempotency_key is not None else None
     if idempotency_key is not None:
@@ -159,9 +154,9 @@ def create_draft(
         or 0
     ) + 1
     storage_root = (
-        normalize_storage_root(body.storage_root)
+        registered_root(session, dataset, body.storage_root, roots, "body.storage_root")
         if body.storage_root is not None
-        else f"{root}/{dataset.name}/v{number}"
+        else placed_root(dataset, number, roots)
     )
     row = VersionRow(
         dataset_id=dataset.id,
@@ -187,16 +182,26 @@ def create_draft(
 def page(
     session: Session, dataset: DatasetRow, *, cursor: str | None, limit: int
 ) -> Page[VersionPublic]:
-    """A page of a dataset's versions, by number."""
-    after = decode_cursor(cursor) or 0
-    rows = session.scalars(
-        select(VersionRow)
-        .where(VersionRow.dataset_id == dataset.id, VersionRow.number > after)
-        .order_by(VersionRow.number)
-        .limit(limit + 1)
-    ).all()
-    items = [to_public(r, dataset.name) for r in rows[:limit]]
-    nxt = str(items[-1].number) if len(rows) > limit else None
+    """A page of a dataset's versions, by number; bounded in ``builder_config`` and
+    ``lineage`` bytes as well as rows (:func:`~.paging.bounded_page`)."""
+
+    def fetch(after: int | None, n: int) -> Sequence[VersionRow]:
+        return session.scalars(
+            select(VersionRow)
+            .where(VersionRow.dataset_id == dataset.id, VersionRow.number > (after or 0))
+            .order_by(VersionRow.number)
+            .limit(n)
+        ).all()
+
+    rows, more = bounded_page(
+        fetch,
+        lambda r: r.number,
+        lambda r: json_size(r.builder_config) + json_size(r.lineage),
+        after=decode_cursor(cursor),
+        limit=limit,
+    )
+    items = [to_public(r, dataset.name) for r in rows]
+    nxt = str(items[-1].number) if more else None
     return Page[VersionPublic](items=items, next_cursor=nxt)
 
 
@@ -209,14 +214,29 @@ def _require_draft(row: VersionRow, dataset: str, action: str) -> None:
         )
 
 
+def _same_location(given: str, current: str) -> bool:
+    try:
+        return parse_location(given).url == current
+    except LocationError:
+        return False
+
+
 def update_draft(
-    session: Session, dataset: DatasetRow, number: int, body: VersionUpdate
+    session: Session,
+    dataset: DatasetRow,
+    number: int,
+    body: VersionUpdate,
+    *,
+    roots: tuple[Location, ...],
+    may_register: bool = False,
 ) -> VersionRow:
-    """Change a draft's columns, config, lineage, or (while it has no shards) storage root."""
+    """Change a draft's columns, config, lineage, or (admins, while it has no shards)
+    storage root; repeating the draft's own storage root is allowed to anyone."""
     row = get(session, dataset, number, lock=True)
     _require_draft(row, dataset.name, "change")
-    if body.storage_root is not None:
-        root = normalize_storage_root(body.storage_root)
+    if body.storage_root is not None and not _same_location(body.storage_root, row.storage_root):
+        require_register_right(may_register, "body.storage_root")
+        root = registered_root(session, dataset, body.storage_root, roots, "body.storage_root")
         if root != row.storage_root and row.num_shards:
             raise ConflictError(
                 f"version {number} of {dataset.name!r} already has {row.num_shards} shards "
@@ -264,6 +284,14 @@ def add_shards(
                 422,
             )
     keys = [s.key for s in shards]
+    for offset, key in enumerate(keys):
+        problem = check_shard_key(key)
+        if problem is not None:
+            raise RequestValidationError(
+                f"body.shards[{offset}].key: {key!r} is not a key under the version's storage "
+                f"location: {problem}",
+                422,
+            )
     if len(set(keys)) != len(keys):
         dup = next(k for k in keys if keys.count(k) > 1)
         raise RequestValidationError(f"body.shards: key {dup!r} appears twice in the batch", 422)
@@ -315,10 +343,19 @@ def add_shards(
                 for s in new
             ],
         )
+        totals = (
+            row.total_samples + sum(s.samples for s in new),
+            row.total_bytes + sum(s.stored_bytes for s in new),
+            row.total_raw_bytes + sum(s.raw_bytes for s in new),
+        )
+        if max(totals) > MAX_INT:  # the columns are 64-bit; the request is rolled back
+            raise RequestValidationError(
+                f"body.shards: the draft's total samples or bytes would exceed {MAX_INT} "
+                "(2**62); a version's totals must fit a 64-bit integer",
+                422,
+            )
         row.num_shards += len(new)
-        row.total_samples += sum(s.samples for s in new)
-        row.total_bytes += sum(s.stored_bytes for s in new)
-        row.total_raw_bytes += sum(s.raw_bytes for s in new)
+        row.total_samples, row.total_bytes, row.total_raw_bytes = totals
     session.flush()
     return ShardBatchResult(
         num_shards=row.num_shards, total_samples=row.total_samples, total_bytes=row.total_bytes
@@ -326,14 +363,18 @@ def add_shards(
 
 
 def mark_published(
-    session: Session, dataset: DatasetRow, number: int, *, num_shards: int
+    session: Session, dataset: DatasetRow, number: int, *, num_shards: int, storage_root: str
 ) -> VersionRow:
-    """Flip a checked draft to published; 409 if it changed since it was checked."""
+    """Flip a checked draft to published; 409 if it changed since it was checked.
+
+    Shards are only ever appended to a draft, so the same count and storage root mean
+    the checked shard list is still the draft's.
+    """
     row = get(session, dataset, number, lock=True)
     if row.status == "published":
         return row
     _require_draft(row, dataset.name, "publish")
-    if row.num_shards != num_shards:
+    if row.num_shards != num_shards or row.storage_root != storage_root:
         raise ConflictError(
             f"version {number} of {dataset.name!r} gained shards while it was being checked; "
             "publish again",

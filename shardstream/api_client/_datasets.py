@@ -13,9 +13,10 @@ from ._session import APISession, json_body
 class DatasetsAPI(APISession):
     """Create, read, list and delete datasets."""
 
-    def create_dataset(self, name: str, *, description: str = "", owner: str = "") -> DatasetPublic:
-        """Create a dataset (ConflictError if it exists)."""
-        body = DatasetCreate(name=name, description=description, owner=owner)
+    def create_dataset(self, name: str, *, description: str = "") -> DatasetPublic:
+        """Create a dataset (ConflictError if it exists); the server records the calling
+        token's name as its owner."""
+        body = DatasetCreate(name=name, description=description)
         return self._model(
             DatasetPublic, self.request("POST", "/v1/datasets", json=json_body(body))
         )

@@ -74,6 +74,8 @@ def _server(work: Path, token: str) -> Iterator[str]:
             str(port),
             "--data-dir",
             str(work / "server"),
+            "--storage-root",  # the server places the dataset under it: work/shards/kjv-<id>/v1
+            str((work / "shards").resolve()),
         ],
         env=env,
         stdout=log,
@@ -132,22 +134,22 @@ def _train_tokenizer(texts: list[str], path: Path) -> None:
     tokenizer.save(str(path))
 
 
-def _build_and_publish(server: str, token: str, corpus: Path, tokenizer: Path, out: Path) -> int:
+def _build_and_publish(server: str, token: str, corpus: Path, tokenizer: Path) -> int:
     from shardstream.shard_builder.config import TextBuildConfig
     from shardstream.shard_builder.publish import DraftVersion
     from shardstream.shard_builder.text import build_text
 
-    config = TextBuildConfig(
-        output=str(out),
-        inputs=(str(corpus),),
-        tokenizer=tokenizer,
-        eos_token=EOS,
-        seq_len=SEQ_LEN,
-        shard_size=512 << 10,  # tiny shards, so the plan has shards to mix
-        allow_small_shards=True,
-        workers=2,
-    )
     with DraftVersion(server, DATASET, description="KJV, byte-level BPE", token=token) as draft:
+        config = TextBuildConfig(
+            output=draft.storage_root,  # the server decides where a dataset's bytes live
+            inputs=(str(corpus),),
+            tokenizer=tokenizer,
+            eos_token=EOS,
+            seq_len=SEQ_LEN,
+            shard_size=512 << 10,  # tiny shards, so the plan has shards to mix
+            allow_small_shards=True,
+            workers=2,
+        )
         result = build_text(config)
         draft.add_build(result)
     _say(f"published {DATASET}@{draft.number}: {result.summary()}")
@@ -254,7 +256,7 @@ def run_demo(config: DemoConfig, workdir: str | None = None) -> bool:
             tokenizer = work / "tokenizer.json"
             _train_tokenizer(texts, tokenizer)
             _say(f"trained a {VOCAB}-token BPE tokenizer -> {tokenizer}")
-            version = _build_and_publish(server, token, corpus, tokenizer, work / "shards")
+            version = _build_and_publish(server, token, corpus, tokenizer)
 
             reference_run = _create_run(server, token, version, "reference")
             proc = _trainer(work, reference_run, version, config, "reference")

@@ -10,12 +10,24 @@ or, for all-fixed-size columns without per-sample Python, :func:`write_shard_arr
 :func:`samples_per_shard`. Reading: :func:`load_index`, then :class:`ShardReader` over an
 uncompressed local shard (:func:`decompress_shard` first if the index lists ``zip_data``).
 
+Ranged reads: uncompressed shards carry per-block digests (``ShardInfo.block_digests``);
+:func:`blocks_for_range` aligns a byte range to blocks and :func:`verify_range` checks the
+fetched bytes, so a reader can verify part of a shard without the whole file.
+
 Errors: :class:`~shardstream.errors.FormatError` and its subclasses (corrupt shards, hash
 mismatches, unsupported encodings), :class:`~shardstream.errors.InputError` for bad samples,
 :class:`~shardstream.errors.ConfigError` for bad settings. The format is documented in
 ``docs/format.md``.
 """
 
+from shardstream.mds._blocks import (
+    BLOCK_DIGEST_ALGO,
+    DEFAULT_BLOCK_SIZE,
+    BlockDigests,
+    BlockRange,
+    blocks_for_range,
+    verify_range,
+)
 from shardstream.mds._compression import check_compression, compress, decompress_shard
 from shardstream.mds._encodings import ENCODINGS, Codec, encoded_size, get_codec
 from shardstream.mds._index import (
@@ -39,14 +51,19 @@ from shardstream.mds._shard import (
 from shardstream.mds._writer import MDSWriter
 
 __all__ = [
+    "BLOCK_DIGEST_ALGO",
+    "DEFAULT_BLOCK_SIZE",
     "ENCODINGS",
     "INDEX_BASENAME",
+    "BlockDigests",
+    "BlockRange",
     "Codec",
     "FileInfo",
     "MDSIndex",
     "MDSWriter",
     "ShardInfo",
     "ShardReader",
+    "blocks_for_range",
     "check_compression",
     "compress",
     "decompress_shard",
@@ -59,6 +76,7 @@ __all__ = [
     "make_parts_encoder",
     "samples_per_shard",
     "shard_config",
+    "verify_range",
     "write_atomic",
     "write_samples",
     "write_shard",

@@ -12,6 +12,7 @@ stored as is (fixed-size columns still check its length). Encode errors raise
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -41,6 +42,8 @@ _DTYPE_CODES: dict[str, int] = {
 _CODE_DTYPES = {code: np.dtype(name) for name, code in _DTYPE_CODES.items()}
 # Shape dtype codes (the low two bits of the ndim byte).
 _SHAPE_DTYPES = (np.dtype("uint8"), np.dtype("uint16"), np.dtype("uint32"), np.dtype("uint64"))
+
+_MAX_SAMPLE = 1 << 32  # shards use uint32 offsets: no value can be larger
 
 SCALAR_ENCODINGS: tuple[str, ...] = tuple(_DTYPE_CODES)
 """Encodings that store one fixed-size numpy scalar (read back as a numpy scalar)."""
@@ -212,7 +215,7 @@ def _str_number_codec(encoding: str) -> Codec:
 def _ndarray_codec(
     encoding: str, dtype: np.dtype[Any] | None, shape: tuple[int, ...] | None
 ) -> Codec:
-    size = None if dtype is None or shape is None else int(np.prod(shape)) * dtype.itemsize
+    size = None if dtype is None or shape is None else math.prod(shape) * dtype.itemsize
 
     def encode(value: Any) -> bytes:
         if not isinstance(value, np.ndarray):
@@ -249,7 +252,7 @@ def _ndarray_codec(
             ndim, sdtype = buf[pos] >> 2, _SHAPE_DTYPES[buf[pos] & 3]
             vshape = tuple(int(d) for d in np.frombuffer(buf, sdtype, ndim, pos + 1))
             pos += 1 + ndim * sdtype.itemsize
-        count = int(np.prod(vshape))
+        count = math.prod(vshape)
         if (len(buf) - pos) != count * vdtype.itemsize:
             raise ValueError(f"ndarray of shape {vshape} does not fill its {len(buf)} bytes")
         return np.frombuffer(buf, vdtype, count, pos).reshape(vshape)
@@ -287,6 +290,11 @@ def _parse_ndarray(encoding: str) -> Codec:
                 f"bad ndarray encoding {encoding!r}: the shape must be positive integers "
                 "separated by commas"
             )
+        if len(shape) >= 64 or math.prod(shape) * np.dtype(args[0]).itemsize >= _MAX_SAMPLE:
+            raise UnsupportedEncodingError(
+                f"bad ndarray encoding {encoding!r}: one value would not fit in a shard "
+                "(at most 63 axes and 4 GiB)"
+            )
     return _ndarray_codec(encoding, dtype, shape)
 
 
@@ -306,11 +314,11 @@ _CACHE: dict[str, Codec] = {}
 
 def get_codec(encoding: str) -> Codec:
     """The :class:`Codec` of an encoding string; :class:`UnsupportedEncodingError` if unknown."""
+    if not isinstance(encoding, str):
+        raise UnsupportedEncodingError(f"column encoding must be a string, got {encoding!r}")
     codec = _CACHE.get(encoding)
     if codec is not None:
         return codec
-    if not isinstance(encoding, str):
-        raise UnsupportedEncodingError(f"column encoding must be a string, got {encoding!r}")
     if encoding in _SIMPLE:
         codec = _SIMPLE[encoding]()
     elif encoding in _DTYPE_CODES:

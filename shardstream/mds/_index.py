@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shardstream.errors import FormatError
+from shardstream.errors import ConfigError, FormatError
+from shardstream.mds._blocks import BlockDigests, is_digests_key, parse_block_digests
 from shardstream.mds._compression import check_compression
 from shardstream.mds._encodings import get_codec
 
@@ -31,6 +33,11 @@ class FileInfo:
     basename: str
     bytes: int
     hashes: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def file_hashes(self) -> dict[str, str]:
+        """The whole-file digests only: ``hashes`` without the per-block digest list."""
+        return {algo: h for algo, h in self.hashes.items() if not is_digests_key(algo)}
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object MosaicML writes for a file."""
@@ -61,6 +68,20 @@ class ShardInfo:
     def stored(self) -> FileInfo:
         """The file that is actually stored: ``zip_data`` if compressed, else ``raw_data``."""
         return self.zip_data if self.zip_data is not None else self.raw_data
+
+    @property
+    def block_digests(self) -> BlockDigests | None:
+        """Per-block digests of the raw file (``None``: compressed, or written without them).
+
+        Parsed from ``raw_data.hashes`` on each access (a few microseconds, no hidden state).
+
+        They are an entry of ``raw_data.hashes`` (see ``shardstream.mds._blocks``); use
+        :func:`~shardstream.mds.blocks_for_range` and :func:`~shardstream.mds.verify_range`.
+        """
+        if self.compression is not None:
+            return None  # a range of one zstd frame cannot be read on its own
+        raw = self.raw_data
+        return parse_block_digests(raw.hashes, raw.bytes, raw.basename)
 
     @property
     def columns(self) -> dict[str, str]:
@@ -148,6 +169,8 @@ def load_index(source: bytes | str | Path) -> MDSIndex:
         obj = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FormatError(f"{where}: not valid JSON: {exc}") from None
+    except RecursionError:
+        raise FormatError(f"{where}: JSON nested too deeply to be an MDS index") from None
     return index_from_json(obj, where)
 
 
@@ -176,17 +199,55 @@ def _field(obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], wher
     return value
 
 
-def _parse_file(obj: Any, where: str) -> FileInfo:
+# Raw shards are addressed by uint32 offsets; a compressed file is bounded to int64 so that
+# every consumer (numpy plans, HTTP ranges) can hold its size.
+_MAX_RAW_BYTES = (1 << 32) - 1
+_MAX_FILE_BYTES = (1 << 63) - 1
+_MAX_NAME = 1024
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\\]")  # control characters and backslashes
+
+
+def _bad_basename(name: str) -> bool:
+    """Whether ``name`` is not a plain relative key (it must never leave the dataset root)."""
+    if not name or len(name) > _MAX_NAME or name[0] == "/" or _CONTROL.search(name):
+        return True
+    if "/" not in name:  # the usual case: one plain file name
+        return name in (".", "..") or len(name) > 255
+    return any(part in ("", ".", "..") or len(part) > 255 for part in name.split("/"))
+
+
+def check_shard_basename(name: str) -> str:
+    """Return ``name`` if a shard may be written under it, else raise :class:`ConfigError`.
+
+    A shard's basename is a plain file name (``shard.00000.mds``) or one relative to a
+    sub-folder of the dataset (``1f0c/shard.00000.mds``, see ``spread_key``): the same keys
+    the index accepts, and no segment may start with ``.`` (the codec's temp files do).
+    """
+    if _bad_basename(name) or any(part.startswith(".") for part in name.split("/")):
+        raise ConfigError(
+            f"shard basename must be a file name, optionally under sub-folders, with no "
+            f"empty, '.'-leading or '..' segment (like 'shard.00000.mds' or "
+            f"'1f0c/shard.00000.mds'), got {name[:300]!r}"
+        )
+    return name
+
+
+def _parse_file(obj: Any, where: str, *, max_bytes: int = _MAX_FILE_BYTES) -> FileInfo:
     if not isinstance(obj, dict):
         raise FormatError(f"{where}: expected an object with basename, bytes, hashes")
     basename = _field(obj, "basename", str, where)
-    # A basename is a key relative to the dataset root; it must never escape it.
-    if not basename or basename[0] == "/" or "\\" in basename or ".." in basename.split("/"):
-        raise FormatError(f"{where}: field 'basename' {basename!r} is not a relative file name")
+    if _bad_basename(basename):
+        raise FormatError(
+            f"{where}: field 'basename' {basename[:300]!r} is not a relative file name"
+        )
     size = _field(obj, "bytes", int, where)
+    if not 0 <= size <= max_bytes:
+        raise FormatError(f"{where}: field 'bytes' is {size}, expected 0 to {max_bytes}")
     hashes = _field(obj, "hashes", dict, where)
-    if size < 0 or not all(isinstance(v, str) for v in hashes.values()):
-        raise FormatError(f"{where}: file {basename!r} has a bad size or hash value")
+    if not all(isinstance(v, str) for v in hashes.values()):
+        raise FormatError(f"{where}: field 'hashes' holds a value that is not a string")
     return FileInfo(basename, size, dict(hashes))
 
 
@@ -210,14 +271,18 @@ def _parse_columns(obj: dict[str, Any], where: str, seen: dict[_Columns, _Column
             f"{where}: column_names, column_encodings and column_sizes must be non-empty "
             "lists of the same length"
         )
+    if not all(isinstance(name, str) and name for name in names):
+        bad = next(name for name in names if not isinstance(name, str) or not name)
+        raise FormatError(f"{where}: column name {bad!r} is not a non-empty string")
+    if len(set(names)) != len(names):
+        dupes = sorted({name for name in names if names.count(name) > 1})
+        raise FormatError(f"{where}: field 'column_names' lists {dupes} more than once")
     for name, encoding, size in zip(names, encodings, sizes, strict=True):
-        if not isinstance(name, str):
-            raise FormatError(f"{where}: column name {name!r} is not a string")
         try:
             codec = get_codec(encoding)
         except FormatError as exc:
             raise type(exc)(f"{where}: column {name!r}: {exc}") from None
-        if size != codec.size:
+        if size != codec.size or type(size) not in (int, type(None)):
             raise FormatError(
                 f"{where}: column {name!r} ({encoding}) has column_sizes entry {size!r}, "
                 f"expected {codec.size!r}"
@@ -229,8 +294,9 @@ def _parse_columns(obj: dict[str, Any], where: str, seen: dict[_Columns, _Column
 def _parse_shard(obj: Any, where: str, seen: dict[_Columns, _Columns] | None = None) -> ShardInfo:
     if not isinstance(obj, dict):
         raise FormatError(f"{where}: expected a JSON object")
-    if "raw_data" in obj and isinstance(obj["raw_data"], dict):
-        where = f"{where} ({obj['raw_data'].get('basename')})"
+    raw_obj = obj.get("raw_data")
+    if isinstance(raw_obj, dict) and isinstance(raw_obj.get("basename"), str):
+        where = f"{where} ({raw_obj['basename'][:300]})"
     if obj.get("format") != "mds":
         raise FormatError(f"{where}: field 'format' is {obj.get('format')!r}, expected 'mds'")
     if obj.get("version") != 2:
@@ -242,21 +308,38 @@ def _parse_shard(obj: Any, where: str, seen: dict[_Columns, _Columns] | None = N
     except Exception as exc:
         raise FormatError(f"{where}: field 'compression': {exc}") from None
     hashes = _field(obj, "hashes", list, where)
+    if not all(isinstance(h, str) for h in hashes):
+        raise FormatError(f"{where}: field 'hashes' must list algorithm names (strings)")
     samples = _field(obj, "samples", int, where)
+    # A sample costs at least its 4-byte offset in a file under 4 GiB.
+    if not 0 <= samples < _MAX_RAW_BYTES // 4:
+        raise FormatError(
+            f"{where}: field 'samples' is {samples}; a shard holds 0 to {_MAX_RAW_BYTES // 4 - 1}"
+        )
     size_limit = obj.get("size_limit")
-    if samples < 0 or not (size_limit is None or isinstance(size_limit, int)):
-        raise FormatError(f"{where}: field 'samples' or 'size_limit' is invalid")
-    raw = _parse_file(obj.get("raw_data"), f"{where}: raw_data")
+    if size_limit is not None and (
+        type(size_limit) is not int or not 0 <= size_limit <= _MAX_FILE_BYTES
+    ):
+        raise FormatError(
+            f"{where}: field 'size_limit' is {size_limit!r}, expected null or a byte count"
+        )
+    raw = _parse_file(raw_obj, f"{where}: raw_data", max_bytes=_MAX_RAW_BYTES)
+    if 4 * (samples + 2) > raw.bytes:
+        raise FormatError(
+            f"{where}: field 'samples' is {samples}, but a raw file of {raw.bytes} bytes "
+            "cannot hold that many sample offsets"
+        )
     zip_obj = obj.get("zip_data")
     zip_data = None if zip_obj is None else _parse_file(zip_obj, f"{where}: zip_data")
     if (zip_data is None) != (compression is None):
         raise FormatError(f"{where}: zip_data must be given exactly when compression is set")
+    parse_block_digests(raw.hashes, raw.bytes, f"{where}: raw_data")
     return ShardInfo(
         column_encodings=encodings,
         column_names=names,
         column_sizes=sizes,
         compression=compression,
-        hashes=tuple(str(h) for h in hashes),
+        hashes=tuple(hashes),
         raw_data=raw,
         samples=samples,
         size_limit=size_limit,

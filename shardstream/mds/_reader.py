@@ -105,7 +105,7 @@ class ShardReader:
         try:
             obj = json.loads(raw)
             compression = obj.get("compression")
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             raise _corrupt(
                 self.path, "the config JSON in the shard header does not parse"
             ) from None
@@ -125,7 +125,7 @@ class ShardReader:
         try:
             obj = json.loads(bytes(self._mv[head_end : int(self.offsets[0])]))
             header = dict(zip(obj["column_names"], obj["column_encodings"], strict=True))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             return  # not a MosaicML-style header; the index entry is authoritative
         if header != info.columns:
             raise _corrupt(
@@ -174,6 +174,10 @@ class ShardReader:
 
     def _decode(self, i: int) -> dict[str, Any]:
         pos, end = int(self.offsets[i]), int(self.offsets[i + 1])
+        if pos + 4 * self._nvar > end:
+            raise _corrupt(
+                self.path, f"sample {i} has {end - pos} bytes, too few for its column sizes"
+            )
         sizes = iter(self._unpack(self._mmap, pos))
         pos += 4 * self._nvar
         sample: dict[str, Any] = {}
@@ -183,7 +187,8 @@ class ShardReader:
                 raise _corrupt(self.path, f"sample {i} column {name!r} runs past the sample end")
             try:
                 sample[name] = codec.decode(self._mv[pos : pos + size])
-            except (ValueError, IndexError) as exc:  # UnicodeDecodeError, JSONDecodeError too
+            # UnicodeDecodeError and JSONDecodeError are ValueErrors; deep JSON recurses.
+            except (ValueError, IndexError, TypeError, RecursionError) as exc:
                 raise _corrupt(
                     self.path,
                     f"sample {i} column {name!r} ({codec.encoding}) does not decode: {exc}",
@@ -244,6 +249,8 @@ class ShardReader:
         assert codec.dtype is not None and codec.shape is not None and codec.size is not None
         begins = self.offsets[idx]
         starts = begins + 4 * self._nvar
+        if idx.size and (starts > self.offsets[idx + 1]).any():
+            raise _corrupt(self.path, "a sample is too short for its column sizes")
         var_k = 0
         for name, other in self._cols:
             if name == column:

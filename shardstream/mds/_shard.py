@@ -12,6 +12,9 @@ variable-size columns, then every column's bytes, columns sorted by name.
 MosaicML starts a new shard when the next sample would make the file bigger than
 ``size_limit``; :func:`samples_per_shard` gives that count for all-fixed-size columns.
 
+Uncompressed shards also get per-block digests (``shardstream.mds._blocks``) unless
+``block_size=None``; they are an extra entry of ``raw_data.hashes`` and change no shard byte.
+
 Files are written as a hidden temp file (``.<name>.*.tmp``) in the same folder and renamed,
 so a shard name only ever points at a complete file; a killed writer may leave temp files.
 """
@@ -29,8 +32,15 @@ import numpy as np
 
 from shardstream.errors import ConfigError, InputError
 from shardstream.hashing import hash_bytes, new_hasher
+from shardstream.mds._blocks import (
+    BLOCK_DIGEST_ALGO,
+    DEFAULT_BLOCK_SIZE,
+    BlockHasher,
+    check_block_size,
+    digests_key,
+)
 from shardstream.mds._compression import check_compression, compress, compression_extension
-from shardstream.mds._index import FileInfo, ShardInfo
+from shardstream.mds._index import FileInfo, ShardInfo, check_shard_basename
 from shardstream.mds._sample import parse_columns
 
 _MAX_BYTES = 1 << 32  # offsets are uint32
@@ -118,16 +128,19 @@ def write_shard(
     compression: str | None = None,
     hashes: Sequence[str] = ("sha1", "xxh3_64"),
     size_limit: int | None = 128 << 20,
+    block_size: int | None = DEFAULT_BLOCK_SIZE,
 ) -> ShardInfo:
     """Write one shard from already-encoded samples (see :func:`encode_sample`).
 
     ``path`` is the dataset directory; the shard is written there as ``basename`` (e.g.
-    ``shard.00000.mds``), or as ``basename + ".zstd"`` when compressed, via a temp file
-    and a rename. ``size_limit`` is only recorded (the caller decides what goes in a shard).
-    Returns the shard's index entry.
+    ``shard.00000.mds``, or ``1f0c/shard.00000.mds`` in a sub-folder), or as
+    ``basename + ".zstd"`` when compressed, via a temp file and a rename. ``size_limit``
+    is only recorded (the caller decides what goes in a shard).
+    ``block_size`` is the per-block digest size (``None``: none). Returns the index entry.
     """
     template = shard_config(columns, compression=compression, hashes=hashes, size_limit=size_limit)
-    return write_samples(Path(path), basename, template, [len(e) for e in encoded], encoded)
+    sizes = [len(e) for e in encoded]
+    return write_samples(Path(path), basename, template, sizes, encoded, block_size=block_size)
 
 
 def write_samples(
@@ -136,6 +149,8 @@ def write_samples(
     template: ShardInfo,
     sizes: Sequence[int],
     parts: Sequence[bytes],
+    *,
+    block_size: int | None = DEFAULT_BLOCK_SIZE,
 ) -> ShardInfo:
     """Write a shard whose samples, of byte ``sizes``, are the concatenation of ``parts``.
 
@@ -151,7 +166,7 @@ def write_samples(
     offsets[1:] += head_len
     _check_total(int(offsets[-1]), basename)
     head = np.uint32(n).tobytes() + offsets.astype("<u4").tobytes()
-    return _store(out_dir, basename, template, [head, config, *parts], n)
+    return _store(out_dir, basename, template, [head, config, *parts], n, block_size=block_size)
 
 
 def write_shard_arrays(
@@ -163,6 +178,7 @@ def write_shard_arrays(
     compression: str | None = None,
     hashes: Sequence[str] = ("sha1", "xxh3_64"),
     size_limit: int | None = 128 << 20,
+    block_size: int | None = DEFAULT_BLOCK_SIZE,
 ) -> ShardInfo:
     """Write one shard of all-fixed-size columns from whole arrays, with no per-sample Python.
 
@@ -202,7 +218,7 @@ def write_shard_arrays(
             np.ascontiguousarray(arr).view(np.uint8).reshape(n, codec.size)
         )
         pos += codec.size
-    return _store(Path(path), basename, template, [raw.data], n)
+    return _store(Path(path), basename, template, [raw.data], n, block_size=block_size)
 
 
 def _check_total(total: int, basename: str) -> None:
@@ -219,12 +235,18 @@ def _store(
     template: ShardInfo,
     parts: Sequence[bytes | memoryview],
     n: int,
+    *,
+    block_size: int | None,
 ) -> ShardInfo:
     """Hash (and compress) the raw shard ``parts`` and write the stored file atomically."""
-    if not basename or "/" in basename or basename.startswith("."):
-        raise ConfigError(f"shard basename must be a plain file name, got {basename!r}")
+    check_shard_basename(basename)  # may name a sub-folder: "1f0c/shard.00000.mds"
+    block_size = check_block_size(block_size)
     out_dir.mkdir(parents=True, exist_ok=True)
     raw_hashers = {algo: new_hasher(algo) for algo in template.hashes}
+    # Block digests serve ranged reads, which compressed shards cannot have.
+    blocks = None
+    if block_size is not None and template.compression is None:
+        blocks = BlockHasher(BLOCK_DIGEST_ALGO, block_size)
     zip_info = None
     if template.compression is not None:
         # zstd's one-shot frame is what MosaicML writes: compress one joined buffer.
@@ -236,7 +258,8 @@ def _store(
         zip_info = FileInfo(zip_name, len(data), {a: hash_bytes(a, data) for a in template.hashes})
         parts = [data]
     target = out_dir / (zip_info.basename if zip_info else basename)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=out_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             # Uncompressed: hash and write part by part, never joining the shard in memory.
@@ -244,6 +267,8 @@ def _store(
                 if zip_info is None:
                     for hasher in raw_hashers.values():
                         hasher.update(part)
+                    if blocks is not None:
+                        blocks.update(part)
                 fh.write(part)
             size = fh.tell()
         os.replace(tmp, target)
@@ -251,7 +276,10 @@ def _store(
         Path(tmp).unlink(missing_ok=True)
         raise
     raw_size = size if zip_info is None else len(raw)
-    raw_info = FileInfo(basename, raw_size, {a: h.hexdigest() for a, h in raw_hashers.items()})
+    raw_hashes = {a: h.hexdigest() for a, h in raw_hashers.items()}
+    if blocks is not None:
+        raw_hashes[digests_key(BLOCK_DIGEST_ALGO, blocks.block_size)] = blocks.finish().hex
+    raw_info = FileInfo(basename, raw_size, raw_hashes)
     return ShardInfo(
         column_encodings=template.column_encodings,
         column_names=template.column_names,

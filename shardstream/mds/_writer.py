@@ -13,6 +13,7 @@ from types import TracebackType
 from typing import Any
 
 from shardstream.errors import ConfigError
+from shardstream.mds._blocks import DEFAULT_BLOCK_SIZE, check_block_size
 from shardstream.mds._index import INDEX_BASENAME, MDSIndex
 from shardstream.mds._sample import make_parts_encoder
 from shardstream.mds._shard import config_bytes, shard_config, write_samples
@@ -31,7 +32,9 @@ class MDSWriter:
 
     ``compression`` is ``None``, ``"zstd"`` or ``"zstd:<level>"``; ``hashes`` name the
     digests recorded per file (``shardstream.hashing``); ``size_limit`` is the largest
-    shard file in bytes (``None``: one shard). ``exist_ok=False`` refuses a folder that
+    shard file in bytes (``None``: one shard). ``block_size`` is the size of the blocks
+    whose digests are recorded for ranged reads of uncompressed shards (``None``: none, and
+    the index is byte-identical to MosaicML's). ``exist_ok=False`` refuses a folder that
     already holds an ``index.json``.
     """
 
@@ -43,9 +46,11 @@ class MDSWriter:
         compression: str | None = None,
         hashes: Sequence[str] = ("sha1", "xxh3_64"),
         size_limit: int | None = 128 << 20,
+        block_size: int | None = DEFAULT_BLOCK_SIZE,
         exist_ok: bool = False,
     ) -> None:
         self.out_dir = Path(out_dir)
+        self.block_size = check_block_size(block_size)
         self.columns = dict(columns)
         self._template = shard_config(
             columns, compression=compression, hashes=hashes, size_limit=size_limit
@@ -102,7 +107,12 @@ class MDSWriter:
             return
         basename = f"shard.{len(self._index.shards):05}.mds"
         info = write_samples(
-            self.out_dir, basename, self._template, self._pending_sizes, self._pending
+            self.out_dir,
+            basename,
+            self._template,
+            self._pending_sizes,
+            self._pending,
+            block_size=self.block_size,
         )
         self._index.shards.append(info)
         self._pending = []

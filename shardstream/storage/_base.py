@@ -50,6 +50,20 @@ class ObjectStore(ABC):
         :class:`ObjectNotFoundError`, other failures (after retries) :class:`StorageError`.
         """
 
+    def read_range(
+        self, key: str, start: int, end: int, *, expected_size: int | None = None
+    ) -> bytes:
+        """Bytes ``start .. end - 1`` of the object (one ranged read, retried and resumed).
+
+        ``expected_size`` is the object's recorded size: an object of another size raises
+        :class:`HashMismatchError` (it was replaced or truncated). A range past the end of
+        the object raises :class:`StorageError`. This default reads the whole object;
+        backends override it with a real ranged read.
+        """
+        data = self.read_bytes(key)
+        check_size(len(data), expected_size, key)
+        return check_range(data[start:end], start, end, key)
+
     @abstractmethod
     def write_bytes(self, key: str, data: bytes) -> None:
         """Store ``data`` under ``key``; readers see it only once it is complete."""
@@ -105,6 +119,18 @@ def check_size(actual: int, expected: int | None, what: str) -> None:
             f"{what}: size is {actual} bytes, the index records {expected}; "
             "the object is truncated or was replaced after the index was written"
         )
+
+
+def check_range(data: bytes, start: int, end: int, what: str) -> bytes:
+    """``data`` if it holds all of ``start .. end - 1``, else :class:`StorageError`."""
+    if not 0 <= start <= end:
+        raise StorageError(f"{what}: invalid byte range {start}..{end}")
+    if len(data) != end - start:
+        raise StorageError(
+            f"{what}: bytes {start}..{end - 1} asked, {len(data)} exist there; the object "
+            "is shorter than its index entry says"
+        )
+    return data
 
 
 def finish_download(

@@ -6,6 +6,7 @@ mapping (documented in docs/storage.md)::
     not found (404, NoSuchKey, NoSuchBucket, FileNotFoundError)  -> ObjectNotFoundError
     refused (403, AccessDenied, bad/missing credentials)          -> StoragePermissionError
     throttled/5xx/timeouts/cut connections/short bodies           -> TransientStorageError
+      of which throttling (503, 429, SlowDown) and timeouts         -> ThrottledError
     anything else                                                 -> StorageError
 """
 
@@ -52,6 +53,49 @@ _TRANSIENT_CODES = {
     "OperationAborted",
 }
 _TRANSIENT_STATUS = {408, 429}
+_THROTTLE_CODES = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestThrottled",
+    "TooManyRequests",
+    "RequestTimeout",
+    "ServiceUnavailable",
+}
+_THROTTLE_STATUS = {408, 429, 503}
+_TIMEOUTS: tuple[type[BaseException], ...] = (
+    boto_exc.ReadTimeoutError,
+    boto_exc.ConnectTimeoutError,
+    urllib3.exceptions.TimeoutError,
+    httpx.TimeoutException,
+    socket.timeout,
+    TimeoutError,
+)
+
+
+class ThrottledError(TransientStorageError):
+    """The store pushed back (503/SlowDown, 429) or did not answer in time.
+
+    A :class:`TransientStorageError` like any other (retried the same way), and also the
+    signal the adaptive concurrency limit backs off on. ``retry_after_s`` is the pause the
+    store asked for in ``Retry-After``, if any.
+    """
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+def retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds only; dates are ignored)."""
+    if not value:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return seconds if seconds >= 0 else None
+
 
 _NETWORK_ERRORS: tuple[type[BaseException], ...] = (
     boto_exc.ConnectionError,  # EndpointConnectionError, ConnectionClosedError, timeouts
@@ -74,7 +118,13 @@ _CREDENTIALS_HINT = (
 
 
 def error_for_status(
-    status: int, code: str, what: str, detail: str = "", *, denied_hint: str = _CREDENTIALS_HINT
+    status: int,
+    code: str,
+    what: str,
+    detail: str = "",
+    *,
+    denied_hint: str = _CREDENTIALS_HINT,
+    retry_after_s: float | None = None,
 ) -> StorageError:
     """The shardstream error for an HTTP ``status`` / S3 error ``code`` about ``what``."""
     detail = f": {detail}" if detail else ""
@@ -85,6 +135,10 @@ def error_for_status(
     if code in _DENIED_CODES or status in (401, 403):
         return StoragePermissionError(
             f"{what}: access denied ({code or status}){detail}; {denied_hint}"
+        )
+    if code in _THROTTLE_CODES or status in _THROTTLE_STATUS:
+        return ThrottledError(
+            f"{what}: the store is throttling ({code or status}){detail}", retry_after_s
         )
     if code in _TRANSIENT_CODES or status in _TRANSIENT_STATUS or status >= 500:
         return TransientStorageError(f"{what}: server busy or failing ({code or status}){detail}")
@@ -99,7 +153,14 @@ def translate(exc: BaseException, what: str) -> ShardstreamError:
         err = exc.response.get("Error", {})
         meta = exc.response.get("ResponseMetadata", {})
         status = int(meta.get("HTTPStatusCode", 0) or 0)
-        return error_for_status(status, str(err.get("Code", "")), what, str(err.get("Message", "")))
+        headers = meta.get("HTTPHeaders", {}) or {}
+        return error_for_status(
+            status,
+            str(err.get("Code", "")),
+            what,
+            str(err.get("Message", "")),
+            retry_after_s=retry_after(headers.get("retry-after")),
+        )
     if isinstance(exc, (boto_exc.NoCredentialsError, boto_exc.PartialCredentialsError)):
         return StoragePermissionError(
             f"{what}: no usable credentials ({exc}); set AWS_ACCESS_KEY_ID and "
@@ -109,6 +170,8 @@ def translate(exc: BaseException, what: str) -> ShardstreamError:
         return error_for_status(exc.response.status_code, "", what)
     if isinstance(exc, httpx.UnsupportedProtocol):  # a wrong URL: retrying cannot help
         return StorageError(f"{what}: not an http(s) URL this store can fetch ({exc})")
+    if isinstance(exc, _TIMEOUTS):
+        return ThrottledError(f"{what}: no answer in time ({_describe(exc)})")
     if isinstance(exc, _NETWORK_ERRORS):
         return TransientStorageError(f"{what}: connection failed or cut ({_describe(exc)})")
     if isinstance(exc, FileNotFoundError):

@@ -8,6 +8,8 @@ because of clock skew or a revoked signing key.
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import threading
 import time
@@ -20,11 +22,13 @@ import httpx
 
 from shardstream.errors import ObjectNotFoundError, ShardstreamError, StorageError
 
-from ._errors import error_for_status, storage_errors
+from ._errors import error_for_status, retry_after, storage_errors
 from ._keys import check_key
 from ._options import StorageOptions
 from ._retry import retrying
 from ._transfer import ForkLocal, RangeBody, RemoteStore
+
+log = logging.getLogger("shardstream.storage")
 
 Resolver = Callable[[list[str]], Mapping[str, str]]
 """Maps a batch of keys to URLs (it may return more keys than asked, never fewer)."""
@@ -56,6 +60,7 @@ class HTTPStore(RemoteStore):
         self._urls: dict[str, tuple[str, float | None]] = {}
         self._lock = threading.Lock()
         self._http = ForkLocal(self._new_client)
+        self._renewing = False
 
     @classmethod
     def from_base_url(cls, base_url: str, options: StorageOptions | None = None) -> HTTPStore:
@@ -67,12 +72,7 @@ class HTTPStore(RemoteStore):
         return f"HTTPStore({self.name!r})"
 
     def _new_client(self) -> httpx.Client:
-        opts = self.options
-        return httpx.Client(
-            timeout=httpx.Timeout(opts.read_timeout_s, connect=opts.connect_timeout_s),
-            limits=httpx.Limits(max_connections=opts.max_connections + 4),
-            follow_redirects=True,
-        )
+        return shared_client(self.options)
 
     # -- URL resolution -------------------------------------------------------------------
 
@@ -109,12 +109,35 @@ class HTTPStore(RemoteStore):
     def _url(self, key: str) -> str:
         with self._lock:
             if self._fresh(key):
-                return self._urls[key][0]
+                url, expires = self._urls[key]
+                if expires is not None and not self._renewing and _due(url, expires):
+                    self._renewing = True
+                    threading.Thread(
+                        target=self._renew, name="shardstream-presign", daemon=True
+                    ).start()
+                return url
         resolved = self._resolve_missing([key])
         if key in resolved:
             return resolved[key]
         with self._lock:  # another thread resolved it meanwhile
             return self._urls[key][0]
+
+    def _renew(self) -> None:
+        """Re-resolve, in the background, every URL in the last quarter of its life, so
+        reads keep using the old (still valid) URLs and never wait for the resolver."""
+        try:
+            with self._lock:
+                due = [k for k, (u, e) in self._urls.items() if e is not None and _due(u, e)]
+            fresh: dict[str, tuple[str, float | None]] = {}
+            for i in range(0, len(due), self.batch_size):
+                urls = dict(self._resolve(due[i : i + self.batch_size]))
+                fresh.update((k, (u, _expires_at(u))) for k, u in urls.items())
+            with self._lock:
+                self._urls.update(fresh)
+        except Exception as exc:  # the old URLs still work; the next read retries
+            log.warning("%s: renewing presigned URLs failed: %s", self.name, exc)
+        finally:
+            self._renewing = False
 
     def _refresh(self, key: str, stale: str) -> str:
         """Drop ``stale`` (unless another thread replaced it already) and resolve again."""
@@ -164,6 +187,7 @@ class HTTPStore(RemoteStore):
                 what,
                 denied_hint="the URL was refused even freshly resolved; check that the token "
                 "behind the resolver may read this dataset",
+                retry_after_s=retry_after(resp.headers.get("retry-after")),
             )
         raise AssertionError("unreachable")
 
@@ -194,10 +218,8 @@ class HTTPStore(RemoteStore):
         return self._url(check_key(key)) if key else self.name
 
     def close(self) -> None:
-        """Close connections and threads (rebuilt on next use)."""
-        client = self._http.built()
-        if client is not None:
-            client.close()
+        """Release this store's threads; the process's shared connection pool stays open
+        for the other stores (it is closed at exit)."""
         self._http.reset()
         super().close()
 
@@ -240,6 +262,44 @@ def _chunks(resp: httpx.Response, what: str) -> Iterator[bytes]:
     with storage_errors(what):
         # No chunk size: bytes are handed on as they arrive, so a cut loses none of them.
         yield from resp.iter_bytes()
+
+
+_CLIENTS: dict[tuple[int, float, float, int], httpx.Client] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def shared_client(options: StorageOptions) -> httpx.Client:
+    """The process's one HTTP connection pool for these timeouts (every HTTPStore of the
+    process shares it: connections to the same host are reused across datasets)."""
+    key = (os.getpid(), options.connect_timeout_s, options.read_timeout_s, options.max_connections)
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(key)
+        if client is None or client.is_closed:
+            for stale in [k for k in _CLIENTS if k[0] != key[0]]:
+                del _CLIENTS[stale]  # the parent's sockets: never used after a fork
+            client = _CLIENTS[key] = httpx.Client(
+                timeout=httpx.Timeout(options.read_timeout_s, connect=options.connect_timeout_s),
+                limits=httpx.Limits(
+                    max_connections=options.max_connections + 4,
+                    max_keepalive_connections=options.max_connections + 4,
+                ),
+                follow_redirects=True,
+            )
+    return client
+
+
+def _due(url: str, expires: float) -> bool:
+    """Whether a URL valid until ``expires`` is in the last quarter of its life."""
+    lifetime = _lifetime(url)
+    return lifetime is not None and time.time() > expires - 0.25 * lifetime
+
+
+def _lifetime(url: str) -> float | None:
+    query = parse_qs(urlsplit(url).query)
+    try:
+        return float(query["X-Amz-Expires"][0]) if "X-Amz-Expires" in query else None
+    except ValueError:
+        return None
 
 
 def _expires_at(url: str) -> float | None:

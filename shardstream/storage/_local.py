@@ -9,7 +9,16 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
-from ._base import TEMP_PREFIX, ObjectStore, finish_download, temp_path_for
+from shardstream.errors import StorageError
+
+from ._base import (
+    TEMP_PREFIX,
+    ObjectStore,
+    check_range,
+    check_size,
+    finish_download,
+    temp_path_for,
+)
 from ._errors import storage_errors
 from ._keys import check_key, check_prefix
 
@@ -40,6 +49,18 @@ class LocalStore(ObjectStore):
         path = self._path(key)
         with storage_errors(self._describe(key)):
             return path.read_bytes()
+
+    def read_range(
+        self, key: str, start: int, end: int, *, expected_size: int | None = None
+    ) -> bytes:
+        """``pread`` of bytes ``start .. end - 1``."""
+        path, what = self._path(key), self._describe(key)
+        if not 0 <= start <= end:
+            raise StorageError(f"{what}: invalid byte range {start}..{end}")
+        with storage_errors(what), open(path, "rb") as fh:
+            check_size(os.fstat(fh.fileno()).st_size, expected_size, what)
+            data = os.pread(fh.fileno(), end - start, start)
+        return check_range(data, start, end, what)
 
     def download(
         self,

@@ -34,8 +34,16 @@ class StorageOptions:
     """Explicit credentials; ``None``: the standard AWS credential chain."""
     secret_access_key: str | None = field(default=None, repr=False)
     session_token: str | None = field(default=None, repr=False)
-    max_connections: int = 8
-    """Most concurrent requests one store makes (all downloads and uploads together)."""
+    max_connections: int = 32
+    """Most concurrent requests of the process (every store with the same bounds shares
+    one adaptive limit): concurrency grows from ``min_connections`` towards this while
+    throughput grows, and halves on throttling (see ``docs/storage.md``)."""
+    min_connections: int = 4
+    """Concurrency the adaptive limit never goes below (capped at ``max_connections``)."""
+    start_connections: int = 16
+    """Concurrency the adaptive limit starts at (kept between the two bounds). A cold
+    reader's first batch needs many small ranged reads at once; 16 is far below what one
+    S3 prefix accepts, and the limit halves on the first throttling answer anyway."""
     part_size: int = 16 * MiB
     """Objects larger than this are fetched as parallel ranged GETs of this size, and
     uploaded as multipart (parts at least 5 MiB, as S3 requires)."""
@@ -52,6 +60,8 @@ class StorageOptions:
 
     def __post_init__(self) -> None:
         _at_least("max_connections", self.max_connections, 1)
+        _at_least("min_connections", self.min_connections, 1)
+        _at_least("start_connections", self.start_connections, 1)
         _at_least("part_size", self.part_size, 64 << 10)
         _at_least("retries", self.retries, 1)
         for name in ("backoff_base_s", "backoff_max_s"):

@@ -97,7 +97,7 @@ class S3Store(RemoteStore):
         """One S3 API call with our retries; errors translated."""
 
         def attempt() -> Any:
-            with self._slots.get(), storage_errors(what):
+            with self._slots.get().slot(), storage_errors(what):
                 return getattr(self._client.get(), method)(Bucket=self.bucket, **kwargs)
 
         return retrying(self.options, what, attempt)

@@ -22,6 +22,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from shardstream.errors import StorageError, TransientStorageError
 
 from ._base import ObjectStore, check_size, finish_download, temp_path_for
+from ._concurrency import AdaptiveLimit
 from ._keys import check_key
 from ._options import StorageOptions
 from ._retry import Backoff
@@ -122,6 +123,30 @@ class BufferSink:
         self.buffer[offset : offset + len(data)] = data
 
 
+_LIMITS: dict[tuple[int, int, int, int], AdaptiveLimit] = {}
+_LIMITS_LOCK = threading.Lock()
+
+
+def shared_limit(options: StorageOptions) -> AdaptiveLimit:
+    """The process-wide adaptive limit for stores with these connection bounds.
+
+    Every store of a process (one per dataset source, the index reader, ...) shares it, so
+    the process as a whole, not each store, stays under what the object store accepts.
+    """
+    low = min(options.min_connections, options.max_connections)
+    start = max(low, min(options.start_connections, options.max_connections))
+    key = (os.getpid(), low, options.max_connections, start)
+    with _LIMITS_LOCK:
+        limit = _LIMITS.get(key)
+        if limit is None:
+            for stale in [k for k in _LIMITS if k[0] != key[0]]:
+                del _LIMITS[stale]  # inherited through fork: its counts are the parent's
+            limit = _LIMITS[key] = AdaptiveLimit(
+                minimum=low, maximum=options.max_connections, start=start
+            )
+    return limit
+
+
 class RemoteStore(ObjectStore):
     """Base of stores reached over the network: bounded pool, ranged parallel downloads."""
 
@@ -130,11 +155,16 @@ class RemoteStore(ObjectStore):
         self._pool = ForkLocal(self._new_pool)
         self._slots = ForkLocal(self._new_slots)
 
-    def _new_slots(self) -> threading.BoundedSemaphore:
-        return threading.BoundedSemaphore(self.options.max_connections)
+    def _new_slots(self) -> AdaptiveLimit:
+        return shared_limit(self.options)
 
     def _new_pool(self) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(self.options.max_connections, thread_name_prefix="shardstream")
+
+    @property
+    def limit(self) -> AdaptiveLimit:
+        """The process's adaptive request limit this store goes through."""
+        return self._slots.get()
 
     @abstractmethod
     def _get_range(self, key: str, start: int, end: int, etag: str | None) -> RangeBody:
@@ -181,6 +211,72 @@ class RemoteStore(ObjectStore):
         finish_download(
             tmp, dest, what=what, expected_size=expected_size, expected_hashes=expected_hashes
         )
+
+    def read_range(
+        self, key: str, start: int, end: int, *, expected_size: int | None = None
+    ) -> bytes:
+        """One ranged GET of bytes ``start .. end - 1`` through the process's adaptive
+        limit; a cut response resumes from the last byte received, throttling and
+        timeouts back off (jittered) and shrink the limit."""
+        what = self._describe(check_key(key))
+        if not 0 <= start <= end:
+            raise StorageError(f"{what}: invalid byte range {start}..{end}")
+        out = bytearray(end - start)
+        cursor = _Cursor(start, end - 1)
+        backoff = Backoff(self.options, what)
+        while cursor.offset <= cursor.end:
+            attempt_start = cursor.offset
+            try:
+                with self._slots.get().slot() as sent:
+                    self._read_into(
+                        key,
+                        cursor=cursor,
+                        out=out,
+                        base=start,
+                        expected_size=expected_size,
+                        what=what,
+                    )
+                    sent(cursor.offset - attempt_start)
+                if cursor.offset <= cursor.end:
+                    raise TransientStorageError(
+                        f"{what}: response ended at byte {cursor.offset}, expected up to "
+                        f"{cursor.end}"
+                    )
+            except TransientStorageError as exc:
+                backoff.failed(exc, progressed=cursor.offset > attempt_start)
+        return bytes(out)
+
+    def _read_into(
+        self,
+        key: str,
+        *,
+        cursor: _Cursor,
+        out: bytearray,
+        base: int,
+        expected_size: int | None,
+        what: str,
+    ) -> None:
+        body = self._get_range(key, cursor.offset, cursor.end, None)
+        try:
+            check_size(body.total_size, expected_size, what)
+            if cursor.end >= body.total_size:
+                raise StorageError(
+                    f"{what}: bytes up to {cursor.end} asked, the object has "
+                    f"{body.total_size}; it is shorter than its index entry says"
+                )
+            skip = cursor.offset - body.start  # a server that ignored Range sends from 0
+            for received in body.chunks:
+                cut = min(skip, len(received))
+                skip -= cut
+                data = received[cut : cut + cursor.end + 1 - cursor.offset]
+                if data:
+                    at = cursor.offset - base
+                    out[at : at + len(data)] = data
+                    cursor.offset += len(data)
+                if cursor.offset > cursor.end:
+                    break
+        finally:
+            body.close()
 
     def close(self) -> None:
         """Shut the worker threads down (rebuilt on next use)."""
@@ -240,8 +336,9 @@ class _Transfer:
         while cursor.offset <= cursor.end and not self.stop.is_set():
             attempt_start = cursor.offset
             try:
-                with self.store._slots.get():
+                with self.store._slots.get().slot() as sent:
                     self._fetch(cursor)
+                    sent(cursor.offset - attempt_start)
                 if cursor.offset <= cursor.end and not self.stop.is_set():
                     raise TransientStorageError(
                         f"{self.what}: response ended at byte {cursor.offset}, "

@@ -5,11 +5,13 @@ separate from the server's table models, so the server and every client agree on
 definition. Importing this package needs only pydantic (no server extra).
 
 Validation that protects the server lives here too: names match
-``[a-z0-9][a-z0-9._-]{0,127}`` and shard keys are relative ``/``-separated paths that can
-never escape a version's storage root.
+``[a-z0-9][a-z0-9._-]{0,127}``, shard keys are relative ``/``-separated paths that can
+never escape a version's storage root, text refuses NUL and lone surrogates, timestamps are
+normalized to UTC, and free-form JSON documents are bounded in size and depth
+(:class:`FieldLimits`, set by the server from its settings).
 
 Import everything from here; the private modules hold the field types and validators
-(``_fields``), datasets, versions, shards and presigned URLs (``_datasets``), runs and
+(``_fields``, ``_json``), datasets, versions, shards and presigned URLs (``_datasets``), runs and
 checkpoints (``_runs``), tokens (``_tokens``) and the entity-less responses (``_responses``).
 """
 
@@ -30,7 +32,8 @@ from ._datasets import (
     VersionStatus,
     VersionUpdate,
 )
-from ._fields import NAME_PATTERN, check_name, check_shard_key
+from ._fields import MAX_INT, NAME_PATTERN, check_name, check_shard_key
+from ._json import FieldLimits, check_json_document, field_limits, set_field_limits
 from ._responses import ErrorResponse, Health, Page
 from ._runs import (
     CheckpointCreate,
@@ -44,6 +47,7 @@ from ._runs import (
 from ._tokens import Scope, TokenCreate, TokenPublic
 
 __all__ = [
+    "MAX_INT",
     "MAX_PRESIGN_KEYS",
     "MAX_SHARDS_PER_BATCH",
     "NAME_PATTERN",
@@ -52,6 +56,7 @@ __all__ = [
     "DatasetCreate",
     "DatasetPublic",
     "ErrorResponse",
+    "FieldLimits",
     "Health",
     "Page",
     "PresignRequest",
@@ -71,6 +76,9 @@ __all__ = [
     "VersionPublic",
     "VersionStatus",
     "VersionUpdate",
+    "check_json_document",
     "check_name",
     "check_shard_key",
+    "field_limits",
+    "set_field_limits",
 ]

@@ -6,32 +6,50 @@ from datetime import datetime
 from enum import Enum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field, field_validator
 
 from ._fields import (
+    MAX_INT,
     Count,
     JSONObject,
+    Label,
     Name,
     PublicModel,
     ShardKey,
     StrictModel,
     Text,
-    check_text,
 )
 
 MAX_SHARDS_PER_BATCH = 5000
 MAX_PRESIGN_KEYS = 1000
+MAX_COLUMNS = 4096
+MAX_HASHES = 8
+
+# Column name -> encoding (MDS): printable labels, a bounded number of them.
+Columns = Annotated[dict[Label, Label], Field(max_length=MAX_COLUMNS)]
 
 
 # --- datasets -------------------------------------------------------------------------
 
 
+def _server_sets_owner(value: str) -> str:
+    if value:
+        raise ValueError(
+            "a dataset's owner is set by the server from the calling token; omit 'owner'"
+        )
+    return value
+
+
 class DatasetCreate(StrictModel):
-    """Create a dataset: a unique name, a description and an owner."""
+    """Create a dataset: a unique name and a description.
+
+    The owner is the calling token's name, set by the server; ``owner`` is accepted only
+    empty (older SDKs send ``""``), any other value is refused.
+    """
 
     name: Name
     description: Text = ""
-    owner: Annotated[str, Field(max_length=256), AfterValidator(check_text)] = ""
+    owner: Annotated[str, Field(max_length=256), AfterValidator(_server_sets_owner)] = ""
 
 
 class DatasetPublic(PublicModel):
@@ -59,11 +77,13 @@ class VersionStatus(str, Enum):
 class VersionCreate(StrictModel):
     """Open a draft version.
 
-    ``storage_root`` is the URL (``s3://bucket/prefix``, ``file:///dir``) under which the
-    shard keys live; omitted, the server assigns one under its own storage root.
+    ``storage_root`` is where the shard keys live. Leave it out: the server places the
+    version under the dataset's own location and returns it. Naming one registers
+    existing shards in place, which only admin tokens may do, inside the server's
+    configured storage roots (403 for other tokens).
     """
 
-    columns: dict[Annotated[str, Field(max_length=256)], Annotated[str, Field(max_length=256)]]
+    columns: Columns
     storage_root: Annotated[str, Field(min_length=1, max_length=2048)] | None = None
     builder_config: JSONObject = Field(default_factory=dict)
     lineage: JSONObject = Field(default_factory=dict)
@@ -76,9 +96,7 @@ class VersionUpdate(StrictModel):
     draft) and fills in the columns and storage root once the build knows them.
     """
 
-    columns: (
-        dict[Annotated[str, Field(max_length=256)], Annotated[str, Field(max_length=256)]] | None
-    ) = None
+    columns: Columns | None = None
     storage_root: Annotated[str, Field(min_length=1, max_length=2048)] | None = None
     builder_config: JSONObject | None = None
     lineage: JSONObject | None = None
@@ -97,10 +115,10 @@ class ShardRecord(StrictModel):
     samples: Count
     raw_bytes: Count
     stored_bytes: Count
-    compression: Annotated[str, Field(max_length=64)] | None = None
-    hashes: dict[Annotated[str, Field(max_length=32)], Annotated[str, Field(max_length=256)]] = (
-        Field(default_factory=dict)
-    )
+    compression: Annotated[Label, Field(max_length=64)] | None = None
+    hashes: Annotated[
+        dict[Annotated[Label, Field(max_length=32)], Label], Field(max_length=MAX_HASHES)
+    ] = Field(default_factory=dict)
     mds: JSONObject | None = None
 
 
@@ -108,6 +126,18 @@ class ShardBatch(StrictModel):
     """A batch of shards appended to a draft; indexes continue from the draft's count."""
 
     shards: Annotated[list[ShardRecord], Field(min_length=1, max_length=MAX_SHARDS_PER_BATCH)]
+
+    @field_validator("shards")
+    @classmethod
+    def _totals_fit(cls, shards: list[ShardRecord]) -> list[ShardRecord]:
+        # Each count fits 2**62, their sum may not: a version's totals are 64-bit columns.
+        for field in ("samples", "raw_bytes", "stored_bytes"):
+            if sum(getattr(s, field) for s in shards) > MAX_INT:
+                raise ValueError(
+                    f"the batch's total {field} exceeds {MAX_INT} (2**62); a version's "
+                    "totals must fit a 64-bit integer"
+                )
+        return shards
 
 
 class ShardBatchResult(BaseModel):

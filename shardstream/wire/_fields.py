@@ -2,16 +2,19 @@
 
 Names match ``[a-z0-9][a-z0-9._-]{0,127}``; shard keys are relative ``/``-separated paths
 that can never escape a version's storage root; text and JSON refuse what PostgreSQL cannot
-store (NUL characters, NaN and infinities).
+store (NUL characters, lone surrogates, NaN and infinities); free-form JSON documents are
+bounded in size and depth (:mod:`._json`); timestamps are normalized to UTC.
 """
 
 from __future__ import annotations
 
-import math
 import re
+from datetime import datetime, timezone
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
+
+from ._json import check_json_document, text_problem
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,127}$"
 _NAME_RE = re.compile(NAME_PATTERN)
@@ -37,6 +40,9 @@ def check_shard_key(key: str) -> str:
     """
     if not key or len(key) > MAX_KEY_LENGTH:
         raise ValueError(f"shard key must be 1-{MAX_KEY_LENGTH} characters, got {len(key)}")
+    problem = text_problem(key)  # a lone surrogate can be neither stored nor signed
+    if problem:
+        raise ValueError(f"shard key: {problem}")
     if key.startswith("/") or "\\" in key or any(ord(c) < 32 or ord(c) == 127 for c in key):
         raise ValueError(
             f"shard key {key!r} must be a relative '/'-separated path without backslashes "
@@ -53,27 +59,41 @@ def check_shard_key(key: str) -> str:
 
 
 def check_text(value: str) -> str:
-    """Return ``value`` unless it holds a NUL character (ValueError)."""
-    # PostgreSQL text cannot hold NUL; refuse it here rather than fail in the database.
-    if "\x00" in value:
-        raise ValueError("text must not contain NUL characters")
+    """Return ``value`` unless it holds a NUL character or a lone surrogate (ValueError)."""
+    # PostgreSQL text cannot hold NUL, and no database driver can encode a lone UTF-16
+    # surrogate (JSON may carry "\ud800" escaped); refuse both here, naming the field.
+    problem = text_problem(value)
+    if problem:
+        raise ValueError(problem)
     return value
 
 
-def _check_json(value: Any) -> Any:
-    """Refuse JSON values a database cannot store (NaN/inf, NUL characters)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError("JSON numbers must be finite (no NaN or Infinity)")
-    if isinstance(value, str):
-        check_text(value)
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            check_text(k)
-            _check_json(v)
-    elif isinstance(value, list):
-        for v in value:
-            _check_json(v)
+def check_label(value: str) -> str:
+    """Return ``value`` if it is a short printable label (a column name or type, a hash
+    name), else raise ValueError: no control characters, NUL or lone surrogates."""
+    check_text(value)
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ValueError(f"{value[:60]!r} must not contain control characters")
     return value
+
+
+def _check_json(value: Any, info: ValidationInfo) -> Any:
+    """Refuse JSON documents over the size or depth limit, or that a database cannot
+    store (NaN/inf, NUL characters, lone surrogates); see :mod:`._json`."""
+    return check_json_document(value, what=info.field_name or "document")
+
+
+def utc_timestamp(value: datetime) -> datetime:
+    """``value`` as timezone-aware UTC (naive means UTC), or ValueError when the instant
+    falls outside years 1-9999 in UTC (``9999-12-31T23:59:59-05:00`` does)."""
+    if value.tzinfo is None:
+        return value.replace(tzinfo=timezone.utc)
+    try:
+        return value.astimezone(timezone.utc)
+    except OverflowError:
+        raise ValueError(
+            f"{value.isoformat()} is outside the range a server can store (years 1-9999 in UTC)"
+        ) from None
 
 
 Name = Annotated[
@@ -83,7 +103,9 @@ Name = Annotated[
 ]
 ShardKey = Annotated[str, AfterValidator(check_shard_key)]
 Text = Annotated[str, Field(max_length=10_000), AfterValidator(check_text)]
+Label = Annotated[str, Field(max_length=256), AfterValidator(check_label)]
 JSONObject = Annotated[dict[str, Any], AfterValidator(_check_json)]
+UTCTimestamp = Annotated[datetime, AfterValidator(utc_timestamp)]
 Count = Annotated[int, Field(ge=0, le=MAX_INT)]
 
 

@@ -45,7 +45,13 @@ class RunUpdate(StrictModel):
 
 
 class RunPublic(PublicModel):
-    """A run as the server returns it."""
+    """A run as the server returns it.
+
+    ``owner`` is the principal that created it (``token:<id>``, or ``admin`` for the
+    bootstrap admin secret; None for runs created before runs had owners): only it, or an
+    admin whose rights cover all the run's datasets, may commit to it or change it.
+    ``created_by`` is that token's name, for people.
+    """
 
     id: int
     name: str | None
@@ -55,6 +61,7 @@ class RunPublic(PublicModel):
     plan: dict[str, Any]
     status: RunStatus
     created_by: str
+    owner: str | None = None
     created_at: datetime
     updated_at: datetime
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from ._fields import Name, PublicModel, StrictModel
+from ._fields import Name, PublicModel, StrictModel, UTCTimestamp
 
 
 class Scope(str, Enum):
@@ -20,12 +20,16 @@ class Scope(str, Enum):
 
 
 class TokenCreate(StrictModel):
-    """Create an API token; ``datasets`` restricts it to those datasets (None: all)."""
+    """Create an API token; ``datasets`` restricts it to those datasets (None: all).
+
+    A token can only mint tokens within its own rights: scopes it holds, a subset of its
+    datasets, an expiry no later than its own. ``expires_at`` without a timezone is UTC.
+    """
 
     name: Name
     scopes: Annotated[list[Scope], Field(min_length=1, max_length=3)]
     datasets: Annotated[list[Name], Field(max_length=1000)] | None = None
-    expires_at: datetime | None = None
+    expires_at: UTCTimestamp | None = None
 
 
 class TokenPublic(PublicModel):

@@ -53,11 +53,16 @@ def test_config_validation(kwargs: dict[str, object], match: str) -> None:
         PlanConfig(**kwargs)  # type: ignore[arg-type]
 
 
-def test_world_size_must_fit_partitions() -> None:
+def test_any_world_size_dividing_the_batch_reads_the_plan() -> None:
+    """World sizes need not divide or be divided by num_partitions, only the batch."""
     cfg = PlanConfig(global_batch_size=24, num_partitions=4)
     plan = EpochPlan([SourceSpec(shard_sizes=np.array([50, 50]))], cfg)
-    with pytest.raises(PlanError, match="one must divide"):
-        plan.rank_batch(0, 0, 3)
+    whole = plan.global_batches(0, 1)
+    for world in (3, 12, 24):
+        got = np.concatenate([plan.rank_batch(0, r, world) for r in range(world)])
+        np.testing.assert_array_equal(got, whole)
+    with pytest.raises(PlanError, match="not divisible by world_size=5"):
+        plan.rank_batch(0, 0, 5)
 
 
 def test_batch_larger_than_data() -> None:

@@ -55,13 +55,8 @@ def cases(draw: st.DrawFn, max_shards: int = 40) -> Case:
 
 
 def world_sizes(cfg: PlanConfig) -> list[int]:
-    """Every world size the config supports up to 64."""
-    return [
-        w
-        for w in range(1, 65)
-        if cfg.global_batch_size % w == 0
-        and (cfg.num_partitions % w == 0 or w % cfg.num_partitions == 0)
-    ]
+    """Every world size the config supports up to 64: those dividing the batch size."""
+    return [w for w in range(1, 65) if cfg.global_batch_size % w == 0]
 
 
 @given(cases())
@@ -108,11 +103,9 @@ def test_node_locality_bound(case: Case, data: st.DataObject) -> None:
     p = cfg.num_partitions
     nodes = data.draw(st.sampled_from([n for n in (1, 2, 4, 8) if p % n == 0]))
     ranks_per_node = data.draw(
-        st.sampled_from([r for r in (1, 2, 4) if cfg.global_batch_size % (nodes * r) == 0])
+        st.sampled_from([r for r in (1, 2, 3, 4) if cfg.global_batch_size % (nodes * r) == 0])
     )
-    world = nodes * ranks_per_node
-    if p % world and world % p:
-        return
+    world = nodes * ranks_per_node  # need not divide P: the node's slots are whole partitions
     max_shard = int(case.sizes.max())
     batches = np.arange(plan.num_batches)
     node_items = plan.num_positions // nodes

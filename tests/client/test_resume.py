@@ -13,6 +13,7 @@ between the checkpoint and the kill).
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,7 +142,9 @@ def test_elastic_resume_4_ranks_to_2_ranks_and_2_workers_to_3(fx: Fixture) -> No
 
 
 @pytest.mark.slow
-def test_resume_from_the_servers_latest_checkpoint(fx: Fixture, live_server: LiveServer) -> None:
+def test_resume_from_the_servers_latest_checkpoint(
+    fx: Fixture, live_server: LiveServer, tmp_path: Path
+) -> None:
     """The run commits its loader state to the server at every checkpoint; after the kill
     the restart asks the server for the latest state (``resume="latest"``) and the consumed
     sequence equals the uninterrupted run's.
@@ -150,11 +153,19 @@ def test_resume_from_the_servers_latest_checkpoint(fx: Fixture, live_server: Liv
     object store that presigns real URLs (tests/e2e covers that with S3); this server's
     local storage root hands out file:// URLs, which the client's HTTP store cannot read.
     """
+    # The same shards inside the test's directory: the server registers datasets only under
+    # its storage roots.
+    shutil.copytree(fx.root / "data", tmp_path / "data")
     with APIClient(live_server.url, live_server.token) as api:
-        version = register_index(api, str(fx.root / "data" / "index.json"), "resume-ids")
+        version = register_index(api, str(tmp_path / "data" / "index.json"), "resume-ids")
         run = api.create_run([("resume-ids", version.number)], global_batch_size=GLOBAL_BATCH)
     env = {"SHARDSTREAM_TOKEN": live_server.token}
-    data = dataclasses.replace(fx.config("x").data, server=live_server.url, run_id=str(run.id))
+    data = dataclasses.replace(
+        fx.config("x").data,
+        source=str(tmp_path / "data"),
+        server=live_server.url,
+        run_id=str(run.id),
+    )
     killed = run_and_kill(fx.config("server-killed", data=data, commit=True), 2, KILL_AT, env=env)
     with APIClient(live_server.url, live_server.token) as api:
         latest = api.latest_checkpoint(run.id)

@@ -79,11 +79,14 @@ def test_build_publish_stream_kill_resume_on_postgres_and_s3(
 ) -> None:
     corpus = tmp_path / "corpus.jsonl"
     _write_corpus(corpus)
-    with start_server(tmp_path / "server", database_url=postgres_url) as server:
+    # The server decides where datasets live: under its S3 root, the builder writes there.
+    with start_server(
+        tmp_path / "server", database_url=postgres_url, storage_root=f"{s3_bucket.url}/datasets"
+    ) as server:
         build = subprocess.run(
             [
                 *(sys.executable, "-m", "shardstream", "build", "text", str(corpus)),
-                *("--output", f"{s3_bucket.url}/corpus/v1", "--seq-len", str(SEQ_LEN)),
+                *("--seq-len", str(SEQ_LEN)),
                 *("--shard-size", str(SHARD_SIZE), "--allow-small-shards", "--workers", "1"),
                 *("--no-progress", "--server", server.url, "--dataset", DATASET),
                 *("--token", server.token),
@@ -101,7 +104,7 @@ def test_build_publish_stream_kill_resume_on_postgres_and_s3(
             version = api.latest_version(DATASET)
             run = api.create_run([(DATASET, version.number)], global_batch_size=GLOBAL_BATCH)
         assert version.status == "published"
-        assert version.storage_root.startswith(f"{s3_bucket.url}/")
+        assert version.storage_root.startswith(f"{s3_bucket.url}/datasets/{DATASET}-")
         tokens = _tokens_by_id(version.storage_root, tmp_path / "check")
         assert len(tokens) == version.total_samples and version.num_shards >= 16
         np.save(tmp_path / "tokens.npy", tokens)

@@ -41,7 +41,7 @@ class DataSettings:
 
     source: str  # local dir / index.json URL / dataset name on the server
     global_batch_size: int
-    num_partitions: int
+    num_partitions: int | None = None  # None: the loader's default (elastic resume needs none)
     seed: int = 0
     shuffle: bool = True
     window: int | None = None  # PlanOptions.window: mixing window, samples per partition
@@ -51,6 +51,7 @@ class DataSettings:
     cache_limit_bytes: int | None = None
     open_shards: int | None = None  # CacheOptions.open_shards (None: its default)
     prefetch_shards: int | None = None  # CacheOptions.prefetch_shards (None: its default)
+    cache_extra: dict[str, object] = field(default_factory=dict)  # more CacheOptions fields
     # A .npy of every sample's tokens by global id: each batch is checked against it
     # (datasets without the harness's own ``id`` column, e.g. one from the text builder).
     expected_tokens: str | None = None

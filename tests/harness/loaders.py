@@ -107,6 +107,7 @@ def _build_shardstream_loader(cfg: TrainerConfig, rank: int, world_size: int) ->
                 for name in ("open_shards", "prefetch_shards")
                 if (value := getattr(data, name)) is not None
             },
+            **data.cache_extra,  # type: ignore[arg-type]
         ),
         decode=DecodeOptions(sample_ids=True),
         server=None if data.server is None else ServerOptions(url=data.server, run=data.run_id),

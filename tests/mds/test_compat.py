@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from io import BytesIO
 from pathlib import Path
 from typing import Any
@@ -107,9 +108,12 @@ def test_byte_identical_to_streaming(
     tmp_path: Path, samples: list[dict[str, Any]], compression: str | None, hashes: tuple[str, ...]
 ) -> None:
     kwargs: dict[str, Any] = {"compression": compression, "size_limit": 40_000}
-    with MDSWriter(tmp_path / "ours", ALL_COLUMNS, hashes=hashes, **kwargs) as ours:
-        for sample in samples:
-            ours.write(sample)
+    for folder, block_size in [("ours", None), ("blocks", 4096)]:
+        with MDSWriter(
+            tmp_path / folder, ALL_COLUMNS, hashes=hashes, block_size=block_size, **kwargs
+        ) as ours:
+            for sample in samples:
+                ours.write(sample)
     with streaming.MDSWriter(
         columns=ALL_COLUMNS, out=str(tmp_path / "theirs"), hashes=list(hashes), **kwargs
     ) as theirs:
@@ -120,6 +124,18 @@ def test_byte_identical_to_streaming(
     assert len(mine) > 2  # several shards plus the index
     for name in reference:
         assert mine[name] == reference[name], name
+    # Block digests change no shard byte, and the index only by their raw_data.hashes entry.
+    with_blocks = shard_files(tmp_path / "blocks")
+    assert {n: b for n, b in with_blocks.items() if n != "index.json"} == {
+        n: b for n, b in reference.items() if n != "index.json"
+    }
+    index = json.loads(with_blocks["index.json"])
+    for shard in index["shards"]:
+        found = [k for k in shard["raw_data"]["hashes"] if k.startswith("blocks:")]
+        assert len(found) == (compression is None)
+        for key in found:
+            del shard["raw_data"]["hashes"][key]
+    assert json.dumps(index, sort_keys=True).encode() == reference["index.json"]
 
 
 def test_pil_images_encoded_like_streaming(tmp_path: Path) -> None:
@@ -134,7 +150,9 @@ def test_pil_images_encoded_like_streaming(tmp_path: Path) -> None:
     columns = {"jpg": "jpeg", "pic": "png"}
     samples: list[dict[str, Any]] = [{"jpg": img, "pic": img} for img in images]
     samples.append({"jpg": Image.open(jpeg_path), "pic": images[0]})
-    with MDSWriter(tmp_path / "ours", columns, hashes=("sha1",), size_limit=1 << 26) as ours:
+    with MDSWriter(
+        tmp_path / "ours", columns, hashes=("sha1",), size_limit=1 << 26, block_size=None
+    ) as ours:
         for sample in samples:
             ours.write(sample)
     with streaming.MDSWriter(columns=columns, out=str(tmp_path / "theirs"), hashes=["sha1"]) as w:
@@ -165,6 +183,7 @@ def test_vectorized_writer_matches_streaming(tmp_path: Path, compression: str | 
                 chunk,
                 compression=compression,
                 size_limit=limit,
+                block_size=None,
             )
         )
     MDSIndex(shards).write(tmp_path / "ours" / "index.json")

@@ -20,7 +20,7 @@ from shardstream.server.config import Settings
 from shardstream.server.db import make_engine
 from shardstream.server.migrate import upgrade
 from tests.fixtures.postgres import truncate_all
-from tests.fixtures.server import LiveServer, start_server
+from tests.fixtures.server import LiveServer, server_storage_roots, start_server
 
 ADMIN = "ss_admin_test_secret_0123456789"
 
@@ -66,7 +66,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 
 @pytest.fixture
-def settings(db_url: str, tmp_path: Path) -> Settings:
+def settings(db_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Settings:
     """Settings for one test: the backend's database, emptied, and a local storage root."""
     engine = make_engine(db_url)
     truncate_all(engine)
@@ -77,6 +77,7 @@ def settings(db_url: str, tmp_path: Path) -> Settings:
         data_dir=tmp_path / "data",
         database_url=db_url,
         storage_root=storage.as_uri(),
+        storage_roots=server_storage_roots(tmp_path, request),
         admin_token=ADMIN,
         migrate_on_start=False,
         log_level="WARNING",
@@ -143,10 +144,15 @@ def make_published(
 
 
 @pytest.fixture
-def live(db_url: str, tmp_path: Path) -> Iterator[LiveServer]:
+def live(db_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LiveServer]:
     """A live server (uvicorn on loopback) on this backend's emptied test database."""
     engine = make_engine(db_url)
     truncate_all(engine)
     engine.dispose()
-    with start_server(tmp_path / "live", database_url=db_url, migrate_on_start=False) as server:
+    with start_server(
+        tmp_path / "live",
+        database_url=db_url,
+        migrate_on_start=False,
+        storage_roots=server_storage_roots(tmp_path, request),
+    ) as server:
         yield server

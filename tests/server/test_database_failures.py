@@ -37,6 +37,7 @@ def _settings(tmp_path: Path, database_url: str) -> Settings:
         data_dir=tmp_path / "data",
         database_url=database_url,
         storage_root=storage.as_uri(),
+        storage_roots=tmp_path.as_uri(),  # make_published registers under tmp_path
         admin_token=ADMIN,
         migrate_on_start=True,
         log_level="CRITICAL",

@@ -10,11 +10,16 @@ from tests.server.conftest import make_published
 
 
 def test_create_get_and_duplicate(api: TestClient) -> None:
-    created = api.post("/v1/datasets", json={"name": "wiki", "description": "d", "owner": "me"})
+    # The owner is the calling token, set by the server; a caller-chosen one is refused.
+    claimed = api.post("/v1/datasets", json={"name": "wiki", "owner": "someone-else"})
+    assert claimed.status_code == 422
+    assert claimed.json()["detail"].startswith("body.owner")
+    created = api.post("/v1/datasets", json={"name": "wiki", "description": "d"})
     assert created.status_code == 201
     assert created.json()["name"] == "wiki"
     got = api.get("/v1/datasets/wiki").json()
-    assert (got["description"], got["owner"], got["num_versions"]) == ("d", "me", 0)
+    owner = "admin (SHARDSTREAM_ADMIN_TOKEN)"
+    assert (got["description"], got["owner"], got["num_versions"]) == ("d", owner, 0)
     again = api.post("/v1/datasets", json={"name": "wiki"})
     assert again.status_code == 409
     assert "wiki" in again.json()["detail"]

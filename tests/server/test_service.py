@@ -72,7 +72,9 @@ def test_cli_migrate_and_create_token(
     secret = capsys.readouterr().out.strip().splitlines()[-1]
     with TestClient(create_app(settings.model_copy(update={"admin_token": None}))) as client:
         r = client.get("/v1/whoami", headers={"Authorization": f"Bearer {secret}"})
-        assert r.json() == {"name": "ops", "scope": "admin", "datasets": None}
+        me = r.json()
+        assert me.pop("principal").startswith("token:")
+        assert me == {"name": "ops", "scope": "admin", "datasets": None, "expires_at": None}
     assert main(["server", "create-token", "--database-url", db_url, "--scopes", "nope"]) == 1
     assert "--scopes" in capsys.readouterr().err
 

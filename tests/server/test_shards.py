@@ -201,7 +201,7 @@ def test_large_pages_are_sent_gzipped_to_clients_that_take_it(
 def test_draft_pages_are_never_compressed(api: TestClient, tmp_path: Path) -> None:
     api.post("/v1/datasets", json={"name": "gzd"})
     v = api.post(
-        "/v1/datasets/gzd/versions", json={"columns": {}, "storage_root": tmp_path.as_uri()}
+        "/v1/datasets/gzd/versions", json={"columns": {}, "storage_root": (tmp_path / "d").as_uri()}
     ).json()
     url = f"/v1/datasets/gzd/versions/{v['number']}/shards"
     body = {"shards": [shard(i) for i in range(200)]}

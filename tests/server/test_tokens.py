@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
+import httpx
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
+from tests.fixtures.server import LiveServer
 from tests.server.conftest import make_published
 
 
@@ -123,3 +127,100 @@ def test_invalid_token_requests(api: TestClient) -> None:
         ).status_code
         == 422
     )
+
+
+# --- least privilege (live server): a token mints, sees and revokes only within its rights
+
+
+def _live_client(live: LiveServer, secret: str) -> httpx.Client:
+    return httpx.Client(
+        base_url=live.url, headers={"Authorization": f"Bearer {secret}"}, timeout=30
+    )
+
+
+def _mint(client: httpx.Client, **body: Any) -> httpx.Response:
+    return client.post("/v1/tokens", json={"name": "minted", "scopes": ["read"], **body})
+
+
+def test_a_restricted_admin_cannot_mint_beyond_its_rights(live: LiveServer, tmp_path: Path) -> None:
+    boot = _live_client(live, live.token)
+    make_published(boot, "alpha", tmp_path / "alpha")
+    make_published(boot, "beta", tmp_path / "beta")
+    soon = (datetime.now(timezone.utc) + timedelta(days=1)).replace(microsecond=0)
+    r = _mint(
+        boot, name="alpha-admin", scopes=["admin"], datasets=["alpha"], expires_at=soon.isoformat()
+    )
+    alpha_admin = _live_client(live, r.json()["secret"])
+
+    # The review's escalation (an unrestricted admin), and its variations: all 403.
+    for body in [
+        {"scopes": ["admin"]},
+        {"scopes": ["read"], "expires_at": soon.isoformat()},
+        {"scopes": ["admin"], "datasets": ["alpha", "beta"], "expires_at": soon.isoformat()},
+        {"scopes": ["read"], "datasets": ["beta"], "expires_at": soon.isoformat()},
+        {"scopes": ["read"], "datasets": ["alpha"]},  # outlives its minter
+        {
+            "scopes": ["read"],
+            "datasets": ["alpha"],
+            "expires_at": (soon + timedelta(seconds=1)).isoformat(),
+        },
+    ]:
+        refused = _mint(alpha_admin, **body)
+        assert refused.status_code == 403, (body, refused.text)
+        assert "alpha-admin" in refused.json()["detail"]
+    assert [t["name"] for t in boot.get("/v1/tokens").json()["items"]] == ["alpha-admin"]
+
+    # Within its rights it may mint, and what it mints reaches alpha only.
+    ok = _mint(alpha_admin, scopes=["admin"], datasets=["alpha"], expires_at=soon.isoformat())
+    assert ok.status_code == 201, ok.text
+    assert ok.json()["datasets"] == ["alpha"]
+    minted = _live_client(live, ok.json()["secret"])
+    assert minted.get("/v1/datasets/alpha").status_code == 200
+    assert minted.get("/v1/datasets/beta").status_code == 403
+    assert [d["name"] for d in minted.get("/v1/datasets").json()["items"]] == ["alpha"]
+    presign = minted.post(
+        "/v1/datasets/beta/versions/1/presign", json={"keys": ["shard.00000.mds"]}
+    )
+    assert presign.status_code == 403
+    assert "urls" not in presign.json()
+    # ...and it cannot escalate in turn either.
+    assert _mint(minted, scopes=["admin"], expires_at=soon.isoformat()).status_code == 403
+
+    # A writer mints nothing; an unrestricted admin mints anything.
+    writer = _live_client(live, _mint(boot, name="w", scopes=["write"]).json()["secret"])
+    assert _mint(writer, scopes=["read"], datasets=["alpha"]).status_code == 403
+    assert _mint(boot, scopes=["admin"]).status_code == 201
+
+
+def test_a_restricted_admin_sees_and_revokes_only_tokens_within_its_rights(
+    live: LiveServer, tmp_path: Path
+) -> None:
+    boot = _live_client(live, live.token)
+    make_published(boot, "alpha", tmp_path / "alpha")
+    make_published(boot, "beta", tmp_path / "beta")
+    alpha_admin_t = _mint(boot, name="alpha-admin", scopes=["admin"], datasets=["alpha"]).json()
+    beta_reader = _mint(boot, name="beta-reader", datasets=["beta"]).json()
+    root = _mint(boot, name="root", scopes=["admin"]).json()
+    alpha_reader = _mint(boot, name="alpha-reader", datasets=["alpha"]).json()
+    alpha_admin = _live_client(live, alpha_admin_t["secret"])
+
+    listed = alpha_admin.get("/v1/tokens", params={"limit": 1})
+    names = []
+    page = listed.json()
+    while True:
+        names += [t["name"] for t in page["items"]]
+        if page["next_cursor"] is None:
+            break
+        page = alpha_admin.get(
+            "/v1/tokens", params={"cursor": page["next_cursor"], "limit": 1}
+        ).json()
+    assert names == ["alpha-admin", "alpha-reader"]
+    for other in (beta_reader, root):
+        assert alpha_admin.get(f"/v1/tokens/{other['id']}").status_code == 404
+        assert alpha_admin.delete(f"/v1/tokens/{other['id']}").status_code == 404
+    # Effect: the other teams' tokens still work.
+    assert _live_client(live, beta_reader["secret"]).get("/v1/datasets/beta").status_code == 200
+    assert _live_client(live, root["secret"]).get("/v1/tokens").status_code == 200
+    # Its own team's token it can revoke, and that token stops working.
+    assert alpha_admin.delete(f"/v1/tokens/{alpha_reader['id']}").json()["revoked_at"]
+    assert _live_client(live, alpha_reader["secret"]).get("/v1/datasets").status_code == 401

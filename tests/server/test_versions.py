@@ -29,10 +29,13 @@ def test_draft_fields_and_default_storage_root(api: TestClient, storage_dir: Pat
     n = _draft(api)
     v = api.get(f"/v1/datasets/wiki/versions/{n}").json()
     assert v["status"] == "draft"
-    assert v["storage_root"] == (storage_dir / "wiki" / "v1").as_uri()
+    # The server places it: <default root>/<name>-<random id>/v<number>
+    home, _, last = v["storage_root"].rpartition("/")
+    assert last == "v1" and home.startswith((storage_dir / "wiki-").as_uri())
     assert v["builder_config"] == {"tokenizer": "gpt2"}
     assert v["lineage"] == {"source": "s3://raw/wiki"}
-    assert _draft(api) == 2
+    second = api.get(f"/v1/datasets/wiki/versions/{_draft(api)}").json()
+    assert (second["number"], second["storage_root"]) == (2, f"{home}/v2")
 
 
 def test_storage_root_validation(api: TestClient) -> None:
@@ -181,7 +184,7 @@ def test_update_draft_before_shards(api: TestClient, tmp_path: Path) -> None:
     )
     assert r.json()["lineage"] == {"source": "s3://raw/wiki"}  # unset fields unchanged
     api.post(f"{url}/shards", json={"shards": [shard(0)]})
-    moved = api.patch(url, json={"storage_root": "s3://elsewhere/x"})
+    moved = api.patch(url, json={"storage_root": str(tmp_path / "elsewhere")})
     assert moved.status_code == 409
     assert "storage root" in moved.json()["detail"]
     assert api.patch(url, json={"lineage": {"k": 1}}).json()["lineage"] == {"k": 1}

@@ -5,11 +5,9 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Request, Response, status
-from sqlalchemy.orm import Session
 
 from shardstream.errors import ConflictError
 from shardstream.server.api.deps import ERRORS, Cursor, Limit, Reader, RunId, SessionDep, Writer
-from shardstream.server.auth import Principal
 from shardstream.server.data import checkpoints as checkpoints_data
 from shardstream.server.data import runs as data
 from shardstream.wire import (
@@ -26,21 +24,12 @@ router = APIRouter(prefix="/v1/runs", tags=["runs"], responses=ERRORS)
 Step = Annotated[int, Path(ge=0, le=2**62, description="training step")]
 
 
-def _check_run_access(session: Session, who: Principal, run_id: int) -> None:
-    """403 when a restricted token asks for a run that reads datasets outside its list."""
-    if who.datasets is None:
-        return
-    data.get(session, run_id)
-    for src in data.sources(session, run_id):
-        who.require_dataset(src.dataset)
-
-
 @router.post("", status_code=status.HTTP_201_CREATED)
 def create_run(body: RunCreate, session: SessionDep, who: Writer) -> RunPublic:
-    """Register a run reading one or more published versions with weights."""
-    for src in body.sources:
-        who.require_dataset(src.dataset)
-    return data.create(session, body, created_by=who.name)
+    """Register a run reading one or more published versions with weights; it belongs to
+    the calling token (``owner``), which alone (with admins over all its datasets) may
+    commit to it and change its status."""
+    return data.create(session, body, created_by=who)
 
 
 @router.get("")
@@ -53,16 +42,16 @@ def list_runs(
 
 @router.get("/{run_id}")
 def get_run(run_id: RunId, session: SessionDep, who: Reader) -> RunPublic:
-    """One run."""
-    _check_run_access(session, who, run_id)
+    """One run (the token needs read access to all its datasets)."""
+    data.require_readable(session, who, run_id)
     return data.to_public(data.get(session, run_id), data.sources(session, run_id))
 
 
 @router.patch("/{run_id}")
 def update_run(run_id: RunId, body: RunUpdate, session: SessionDep, who: Writer) -> RunPublic:
-    """Set a run's status (a run that is no longer ``running`` stops protecting its datasets)."""
-    _check_run_access(session, who, run_id)
-    return data.set_status(session, run_id, body.status)
+    """Set a run's status (its owner, or an admin over all its datasets); a run that is no
+    longer ``running`` stops protecting its datasets."""
+    return data.set_status(session, run_id, body.status, who=who)
 
 
 @router.post(
@@ -79,11 +68,11 @@ def commit_checkpoint(
     session: SessionDep,
     who: Writer,
 ) -> CheckpointPublic:
-    """Commit the data position at a step: 201 new, 200 same state again, 409 otherwise."""
-    _check_run_access(session, who, run_id)
+    """Commit the data position at a step: 201 new, 200 same state again, 409 otherwise;
+    403 unless the caller owns the run or is an admin over all its datasets."""
     metric = request.app.state.metrics.checkpoint_commits
     try:
-        checkpoint, result = checkpoints_data.commit(session, run_id, body)
+        checkpoint, result = checkpoints_data.commit(session, run_id, body, who=who)
     except ConflictError:
         metric.labels("conflict").inc()
         raise
@@ -98,19 +87,19 @@ def list_checkpoints(
     run_id: RunId, session: SessionDep, who: Reader, cursor: Cursor = None, limit: Limit = 100
 ) -> Page[CheckpointPublic]:
     """A run's checkpoints by step."""
-    _check_run_access(session, who, run_id)
+    data.require_readable(session, who, run_id)
     return checkpoints_data.page(session, run_id, cursor=cursor, limit=limit)
 
 
 @router.get("/{run_id}/checkpoints/latest")
 def latest_checkpoint(run_id: RunId, session: SessionDep, who: Reader) -> CheckpointPublic:
     """The checkpoint with the highest step (404 when none was committed)."""
-    _check_run_access(session, who, run_id)
+    data.require_readable(session, who, run_id)
     return checkpoints_data.latest(session, run_id)
 
 
 @router.get("/{run_id}/checkpoints/{step}")
 def get_checkpoint(run_id: RunId, step: Step, session: SessionDep, who: Reader) -> CheckpointPublic:
     """The checkpoint committed at ``step``."""
-    _check_run_access(session, who, run_id)
+    data.require_readable(session, who, run_id)
     return checkpoints_data.at_step(session, run_id, step)

@@ -31,7 +31,7 @@ from shardstream.server.api.deps import (
 )
 from shardstream.server.data import shards as data
 from shardstream.server.published import gzip_etag
-from shardstream.server.stores import presign
+from shardstream.server.stores import confined_root, presign
 from shardstream.wire import Page, PresignRequest, PresignResponse, ShardRecord
 
 router = APIRouter(
@@ -39,6 +39,10 @@ router = APIRouter(
 )
 
 GZIP_MIN_LIMIT = 100  # pages asked with at least this many shards may be compressed
+
+# Shards per database read of a streamed index.json: a reader that stops reading keeps
+# at most one such chunk (~1 MB) in memory, and no connection.
+INDEX_CHUNK = 1000
 
 ShardLimit = Annotated[int, Query(ge=1, le=10_000, description="shards per page")]
 
@@ -80,16 +84,30 @@ async def list_shards(
     return out
 
 
-def _stream_index(factory: sessionmaker[Session], version_id: int) -> Iterator[bytes]:
-    # The request's session is closed before a streamed body is sent: use a fresh one.
+def _stream_index(factory: sessionmaker[Session], version_id: int, shards: int) -> Iterator[bytes]:
+    # The request's session is closed before a streamed body is sent: use a fresh one,
+    # and give its connection back after every chunk. A client that stops reading stalls
+    # this generator between two yields; it must then hold no connection (nor, on
+    # PostgreSQL, an open transaction), or a few stalled readers would take the pool.
+    # Published versions never change, so chunks read in separate sessions fit together.
     # One yield per database chunk: each yield costs a thread hop, so never one per shard.
-    with factory() as session:
+    session = factory()
+    try:
         yield b'{"version": 2, "shards": [\n'
         sep = b""
-        for entries in data.iter_mds_chunks(session, version_id):
+        sent = 0
+        for entries in data.iter_mds_chunks(session, version_id, chunk_size=INDEX_CHUNK):
+            session.close()  # the next chunk checks a connection out again
+            sent += len(entries)
             yield sep + ",\n".join(entries).encode()
             sep = b",\n"
+        if sent != shards:
+            # Deleted while streaming: end the body unfinished rather than well-formed
+            # but short, so a client never trusts a partial index.
+            raise RuntimeError(f"version {version_id} changed while its index was streamed")
         yield b"\n]}\n"
+    finally:
+        session.close()
 
 
 @router.get(
@@ -121,7 +139,8 @@ async def mds_index(
             409,
         )
     response = StreamingResponse(
-        _stream_index(request.app.state.sessionmaker, version.id), media_type="application/json"
+        _stream_index(request.app.state.read_sessions, version.id, version.num_shards),
+        media_type="application/json",
     )
     set_cache_headers(response, etag)
     return response
@@ -150,6 +169,7 @@ async def presign_urls(
     stores = request.app.state.stores
     cache = request.app.state.published
     keys = list(dict.fromkeys(body.keys))
+    what = f"version {number} of {name!r}"
 
     def load_keys() -> frozenset[str]:
         with factory() as session:
@@ -161,11 +181,18 @@ async def presign_urls(
         if known is None:  # a version too large to keep its keys in memory
             with factory() as session:
                 data.require_keys(session, version.id, missing)
+        root = confined_root(version.storage_root, settings.resolved_storage_roots, what)
+        store = stores.get(root, for_clients=True)
         # Signatures carry their time in whole seconds (X-Amz-Date): a URL signed at
-        # 12:00:00.9 stops working at 12:00:00 + expires_s, so never promise later.
-        until = math.floor(time.time()) + expires_s
-        store = stores.get(version.storage_root, for_clients=True)
-        return presign(store, missing, expires_s), until
+        # 12:00:00.9 stops working at 12:00:00 + expires_s. Signed within one second,
+        # ``until`` is exactly the URLs' expiry: never later (expires_at stays true), never
+        # earlier (the reuse cache never hands out a URL outliving the lifetime asked).
+        for _ in range(3):
+            second = math.floor(time.time())
+            urls = presign(store, missing, expires_s)
+            if math.floor(time.time()) == second:
+                break
+        return urls, second + expires_s
 
     if known is not None:
         data.require_known(keys, known)

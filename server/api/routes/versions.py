@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+from contextlib import nullcontext
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Request, Response, status
+from fastapi.concurrency import run_in_threadpool
 
 from shardstream.errors import ConflictError
 from shardstream.server.api.caching import not_modified, set_cache_headers, version_snapshot
@@ -22,9 +25,10 @@ from shardstream.server.api.deps import (
 from shardstream.server.data import datasets as datasets_data
 from shardstream.server.data import shards as shards_data
 from shardstream.server.data import versions as data
-from shardstream.server.stores import verify_shards
+from shardstream.server.stores import confined_root, verify_within
 from shardstream.wire import (
     Page,
+    Scope,
     ShardBatch,
     ShardBatchResult,
     VersionCreate,
@@ -76,7 +80,8 @@ def create_version(
         dataset,
         body,
         created_by=who.name,
-        root=settings.resolved_storage_root,
+        roots=settings.resolved_storage_roots,
+        may_register=who.scope == Scope.admin,
         idempotency_key=idempotency_key,
     )
     if not created:
@@ -119,11 +124,25 @@ async def get_version(
 
 @router.patch("/{number}")
 def update_version(
-    name: DatasetName, number: VersionNumber, body: VersionUpdate, session: SessionDep, who: Writer
+    *,
+    name: DatasetName,
+    number: VersionNumber,
+    body: VersionUpdate,
+    session: SessionDep,
+    who: Writer,
+    settings: SettingsDep,
 ) -> VersionPublic:
-    """Fill in a draft's columns, storage root (before any shard), config or lineage."""
+    """Fill in a draft's columns, config or lineage (admins: its storage root, before any
+    shard)."""
     who.require_dataset(name)
-    row = data.update_draft(session, datasets_data.get(session, name), number, body)
+    row = data.update_draft(
+        session,
+        datasets_data.get(session, name),
+        number,
+        body,
+        roots=settings.resolved_storage_roots,
+        may_register=who.scope == Scope.admin,
+    )
     return data.to_public(row, name)
 
 
@@ -137,29 +156,59 @@ def add_shards(
 
 
 @router.post("/{number}/publish")
-def publish_version(
-    name: DatasetName, number: VersionNumber, request: Request, session: SessionDep, who: Writer
+async def publish_version(
+    *,
+    name: DatasetName,
+    number: VersionNumber,
+    request: Request,
+    who: Writer,
+    settings: SettingsDep,
 ) -> VersionPublic:
-    """Check every shard in storage (exists, stated size), then publish in one transaction."""
+    """Check every shard in storage (exists, stated size), then publish.
+
+    No database connection is held while storage is checked: the shard list is read in
+    one short session, checked within ``SHARDSTREAM_STORAGE_DEADLINE_S`` (504 after), and
+    a second short transaction publishes the draft if it did not change meanwhile.
+    """
     who.require_dataset(name)
-    dataset = datasets_data.get(session, name)
-    row = data.get(session, dataset, number)
-    if row.status == "published":
-        return data.to_public(row, name)
-    if row.status != "draft":
-        raise ConflictError(
-            f"version {number} of {name!r} is {row.status}; it cannot be published", 409
-        )
-    if row.num_shards == 0:
-        raise ConflictError(
-            f"version {number} of {name!r} has no shards; add shards before publishing", 409
-        )
-    store = request.app.state.stores.get(row.storage_root)
-    shards = ((s.key, s.stored_bytes) for s in shards_data.iter_rows(session, row.id))
-    verify_shards(store, shards, row.num_shards)
-    published = data.mark_published(session, dataset, number, num_shards=row.num_shards)
-    request.app.state.metrics.publishes.inc()
-    return data.to_public(published, name)
+    state = request.app.state
+    what = f"version {number} of {name!r}"
+
+    def load() -> tuple[VersionPublic | None, str, list[tuple[str, int]]]:
+        with state.read_sessions() as session:
+            row = data.get(session, datasets_data.get(session, name), number)
+            if row.status == "published":
+                return data.to_public(row, name), row.storage_root, []
+            if row.status != "draft":
+                raise ConflictError(f"{what} is {row.status}; it cannot be published", 409)
+            if row.num_shards == 0:
+                raise ConflictError(f"{what} has no shards; add shards before publishing", 409)
+            shards = [(s.key, s.stored_bytes) for s in shards_data.iter_rows(session, row.id)]
+            return None, row.storage_root, shards
+
+    done, root, shards = await run_in_threadpool(load)
+    if done is not None:
+        return done
+    confined_root(root, settings.resolved_storage_roots, what)
+    store = state.stores.get(root)
+    await verify_within(state.stores, store, shards, settings.storage_deadline_s, what)
+
+    def mark() -> VersionPublic:
+        with state.write_sessions() as session:
+            dataset = datasets_data.get(session, name)
+            published = data.mark_published(
+                session, dataset, number, num_shards=len(shards), storage_root=root
+            )
+            public = data.to_public(published, name)
+            session.commit()
+            return public
+
+    # SQLite has one writer at a time: queue on the app's write gate like other writes.
+    gate: asyncio.Lock | None = getattr(state, "write_gate", None)
+    async with gate if gate is not None else nullcontext():
+        public = await run_in_threadpool(mark)
+    state.metrics.publishes.inc()
+    return public
 
 
 @router.post("/{number}/abort")

@@ -1,0 +1,128 @@
+"""One reader of benchmarks/cloud_read.py, run in a process of its own.
+
+``python benchmarks/_cloud_readers.py JSON`` reads one shuffled epoch (or its first
+``max_batches`` batches) with one library in its documented remote configuration and
+prints one JSON line: seconds to the first batch, samples, seconds. A fresh process per
+run keeps every reader cold (no warm imports, page cache aside) and lets the parent
+measure its CPU time and memory alone. The S3 endpoint comes from the environment
+(``AWS_ENDPOINT_URL`` / ``S3_ENDPOINT_URL``), as each library documents.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+BATCH = 32
+WORKERS = 2
+
+SHARDSTREAM_MODES: dict[str, dict[str, Any]] = {
+    # The client's defaults: ranged reads of the blocks a batch needs first (where the
+    # client has them), the rest of each shard filled into the node cache.
+    "cache": {},
+    # Every shard fetched whole before use (the behaviour before ranged reads).
+    "whole-shard": {"ranged_reads": False},
+    # No disk: blocks read by range into a bounded memory budget.
+    "cacheless": {"memory_only": True},
+}
+
+
+def missing_options(mode: str) -> list[str]:
+    """CacheOptions fields a shardstream mode needs that this client does not have."""
+    from shardstream.client import CacheOptions
+
+    have = {f.name for f in dataclasses.fields(CacheOptions)}
+    return [name for name in SHARDSTREAM_MODES[mode] if name not in have]
+
+
+def _shardstream(spec: dict[str, Any]) -> Any:
+    from shardstream.client import CacheOptions, PlanOptions, ShardstreamLoader, StreamingDataset
+
+    extra = dict(SHARDSTREAM_MODES[spec["mode"]])
+    if extra.get("memory_only") and spec.get("memory_budget"):
+        extra["memory_budget_bytes"] = int(spec["memory_budget"])
+    cache = CacheOptions(dir=Path(spec["cache"]), **extra)
+    ds = StreamingDataset(spec["url"], BATCH, plan=PlanOptions(shuffle=True, seed=0), cache=cache)
+    loader = ShardstreamLoader(ds, num_workers=WORKERS)
+    if spec.get("resume"):
+        state = loader.state_dict()
+        state["batch"] = int(len(loader) * spec["resume"])
+        loader.load_state_dict(state)
+    return loader
+
+
+def _mosaic(spec: dict[str, Any]) -> Any:
+    from streaming import StreamingDataset
+    from streaming.base.util import clean_stale_shared_memory
+    from torch.utils.data import DataLoader
+
+    clean_stale_shared_memory()
+    ds = StreamingDataset(
+        remote=spec["url"], local=spec["cache"], batch_size=BATCH, shuffle=True, shuffle_seed=0
+    )
+    # MosaicML reads index.json with a boto3 client that the DataLoader's forked workers then
+    # inherit, keep-alive connection included: two workers reading responses off one socket
+    # write each other's bytes into shard files (a shard shifted by 8 KiB, then IndexError).
+    # Any store that keeps connections alive shows it (the emulator does, as S3 does; moto's
+    # server closes them). Dropping the parent's client gives each worker its own.
+    for stream in ds.streams:
+        stream._downloader.clean_up()
+    return DataLoader(ds, batch_size=BATCH, num_workers=WORKERS)
+
+
+def _litdata(spec: dict[str, Any]) -> Any:
+    import litdata
+    from litdata.streaming import downloader
+
+    # LitData's obstore client refuses plain http:// endpoints and has no option for it;
+    # the emulator on loopback is http (real S3 is https).
+    downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True
+    ds = litdata.StreamingDataset(
+        spec["url"],
+        shuffle=True,
+        seed=0,
+        cache_dir=spec["cache"],
+        storage_options={"endpoint_url": os.environ["AWS_ENDPOINT_URL"]},
+    )
+    return litdata.StreamingDataLoader(ds, batch_size=BATCH, num_workers=WORKERS)
+
+
+READERS = {"shardstream": _shardstream, "mosaic": _mosaic, "litdata": _litdata}
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    """Seconds to the first batch and for the whole read, from constructing the dataset."""
+    t0 = time.perf_counter()
+    loader = READERS[spec["library"]](spec)
+    it: Iterator[Any] = iter(loader)
+    first = next(it)
+    ttfb = time.perf_counter() - t0
+    samples, batches = int(first["tokens"].shape[0]), 1
+    if not spec.get("resume"):
+        limit = spec.get("max_batches") or 0
+        for batch in it:
+            samples += int(batch["tokens"].shape[0])
+            batches += 1
+            if batches == limit:
+                break
+    seconds = time.perf_counter() - t0
+    close = getattr(loader, "close", None)
+    if close is not None:
+        close()
+    return {"ttfb": ttfb, "samples": samples, "seconds": seconds}
+
+
+if __name__ == "__main__":
+    spec = json.loads(sys.argv[1])
+    modules = {"shardstream": "shardstream.client", "mosaic": "streaming", "litdata": "litdata"}
+    for name in ("torch", "numpy", "boto3", modules[spec["library"]]):
+        __import__(name)  # imports are not part of the time to the first batch
+    result = run(spec)
+    print("RESULT " + json.dumps(result), flush=True)
+    os._exit(0)  # skip slow interpreter teardown of the libraries' threads

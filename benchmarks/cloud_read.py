@@ -1,0 +1,395 @@
+"""Cold reads from a realistic object store: shardstream beside MosaicML and LitData.
+
+Every reader goes through the cloud emulator (``tests/fixtures/cloud_emulator.py``: moto
+behind 20 ms to first byte, 90 MB/s per TCP connection and 5,500 GET/s per key prefix,
+S3's figures) with empty caches, one shuffled epoch of 2,048 x uint16 token samples, per-rank
+batch 32, 2 workers, one process per run. Datasets of ``--shards`` shards of each
+``--shard-mb`` size. shardstream runs in each ``--modes`` the client supports (a mode
+the client lacks is skipped with a note), MosaicML Streaming and LitData in their
+documented S3 configurations (``S3_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL`` pointed at the
+emulator); then the first batch after resuming at 90%, the same epoch with 5% of
+requests answered 503 SlowDown, and ``--nodes`` nodes (processes with their own caches)
+reading at once.
+
+    python benchmarks/cloud_read.py [--shard-mb 64,256] [--shards 16] [--nodes 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _cloud_readers import missing_options
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests.fixtures.cloud_emulator import CloudEmulator, EmulatorSettings, offered  # noqa: E402
+
+TOKENS = 2048
+SAMPLE_BYTES = 2 * TOKENS
+READERS = Path(__file__).with_name("_cloud_readers.py")
+BUCKET = "bench"
+
+
+def _rows(block: int, count: int) -> np.ndarray[Any, Any]:
+    return np.random.default_rng(block).integers(0, 50_000, (count, TOKENS), dtype=np.uint16)
+
+
+def _lit_samples(item: tuple[int, int]) -> Any:
+    for row in _rows(*item):
+        yield {"tokens": row}
+
+
+def build(root: Path, shard_mb: float, shards: int) -> tuple[str, int]:
+    """Write the MDS dataset (read by shardstream and MosaicML) and LitData's, once."""
+    limit = int(shard_mb * 1e6)
+    per_shard = limit // (SAMPLE_BYTES + 8)
+    n = per_shard * shards
+    name = f"{shard_mb:g}mb-x{shards}"
+    blocks = [(b, min(4096, n - s)) for b, s in enumerate(range(0, n, 4096))]
+    mds, lit = root / f"mds-{name}", root / f"lit-{name}"
+    if not (mds / "index.json").exists():
+        from shardstream.mds import MDSWriter
+
+        shutil.rmtree(mds, ignore_errors=True)
+        columns = {"tokens": f"ndarray:uint16:{TOKENS}"}
+        with MDSWriter(mds, columns, size_limit=limit) as writer:
+            for block in blocks:
+                for row in _rows(*block):
+                    writer.write({"tokens": row})
+    if not (lit / "index.json").exists():
+        import litdata
+
+        shutil.rmtree(lit, ignore_errors=True)
+        litdata.optimize(
+            fn=_lit_samples,
+            inputs=blocks,
+            output_dir=str(lit),
+            chunk_bytes=limit,
+            num_workers=2,
+            verbose=False,
+        )
+    return name, n
+
+
+class Moto:
+    """moto's S3 server in its own process, the emulator's upstream."""
+
+    def __init__(self) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        exe = Path(sys.executable).with_name("moto_server")
+        self.proc = subprocess.Popen(
+            [str(exe), "-H", "127.0.0.1", "-p", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        import boto3
+
+        self.s3 = boto3.client("s3", endpoint_url=self.url)
+        for _ in range(100):
+            try:
+                self.s3.create_bucket(Bucket=BUCKET)
+                break
+            except Exception:
+                time.sleep(0.1)
+
+    def upload(self, folder: Path) -> int:
+        from boto3.s3.transfer import TransferConfig
+
+        total, config = 0, TransferConfig(max_concurrency=4)
+        for path in sorted(folder.iterdir()):
+            if path.is_file():
+                self.s3.upload_file(str(path), BUCKET, f"{folder.name}/{path.name}", Config=config)
+                total += path.stat().st_size
+        return total
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _tree_rss(roots: set[int]) -> int:
+    """Resident bytes of ``roots`` and all their descendants (shared pages count per process)."""
+    parent: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                stat = Path(entry.path, "stat").read_text()
+                parent[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    tree, grew = set(roots), True
+    while grew:
+        more = {p for p, pp in parent.items() if pp in tree and p not in tree}
+        tree |= more
+        grew = bool(more)
+    total = 0
+    for pid in tree:
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total * os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass
+class Row:
+    label: str
+    ttfb: float
+    samples: int
+    seconds: float
+    cpu_s: float
+    rss: int
+    stats: dict[str, Any]
+    emulator_cpu_s: float
+    nodes: int = 1
+
+
+def run_readers(
+    specs: list[dict[str, Any]], env: dict[str, str], emu: CloudEmulator, timeout_s: float
+) -> Row:
+    """Run readers at once (one per simulated node); their totals and the emulator's.
+
+    A reader still running after ``timeout_s`` is killed with its workers (a library that
+    hangs must not hide the other numbers) and reported as failed.
+    """
+    emu.reset()
+    emu_cpu = _cpu_s(emu.pid)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    procs = []
+    for rank, spec in enumerate(specs):
+        node_env = {**env, "RANK": str(rank), "WORLD_SIZE": str(len(specs))}
+        node_env.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", NODE_RANK=str(rank))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(READERS), json.dumps(spec)],
+                env=node_env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,  # its DataLoader workers can be killed with it
+            )
+        )
+    peak, done = 0, threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.wait(0.2):
+            peak = max(peak, _tree_rss({p.pid for p in procs}))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    results, deadline = [], time.monotonic() + timeout_s
+    try:
+        for proc in procs:
+            try:
+                out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"no epoch after {timeout_s:.0f} s (killed)") from None
+            line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
+            if proc.returncode or line is None:
+                lines = err.strip().splitlines() or [f"exit status {proc.returncode}"]
+                print(err[-3000:], file=sys.stderr)
+                raise RuntimeError(lines[-1][:300])
+            results.append(json.loads(line[len("RESULT ") :]))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        done.set()
+        sampler.join()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return Row(
+        label="",
+        ttfb=max(r["ttfb"] for r in results),
+        samples=sum(r["samples"] for r in results),
+        seconds=max(r["seconds"] for r in results),
+        cpu_s=cpu,
+        rss=peak,
+        stats=emu.stats(),
+        emulator_cpu_s=_cpu_s(emu.pid) - emu_cpu,
+        nodes=len(specs),
+    )
+
+
+HEADER = (
+    "| dataset | reader | first batch s | samples/s | MB/s | offered MB/s | used | "
+    "fetched / dataset | requests | 503s | peak RSS MB | CPU s/GB | emulator CPU s |"
+)
+
+
+def format_row(dataset: str, row: Row, dataset_bytes: int, settings: EmulatorSettings) -> str:
+    st = row.stats
+    mbps = row.samples * SAMPLE_BYTES / row.seconds / 1e6
+    cap = offered(st, settings)["offered_MBps"]
+    used = st["body_bytes"] / row.seconds / 1e6 / cap if cap else 0.0
+    cpu_per_gb = row.cpu_s / (row.samples * SAMPLE_BYTES / 1e9)
+    whole = "resumed" not in row.label  # a resumed run reads one batch: no rates
+    cells = [
+        dataset,
+        row.label,
+        f"{row.ttfb:.3f}",
+        f"{row.samples / row.seconds:,.0f}" if whole else "-",
+        f"{mbps:,.0f}" if whole else "-",
+        f"{cap:,.0f}",
+        f"{used:.0%}",
+        f"{st['body_bytes'] / dataset_bytes:.3f}",
+        f"{st['requests']:,}",
+        f"{st['status_503']:,}",
+        f"{row.rss / 1e6:,.0f}",
+        f"{cpu_per_gb:.1f}" if whole else "-",
+        f"{row.emulator_cpu_s:.1f}",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shard-mb", default="64,256", help="shard sizes in MB, comma-separated")
+    parser.add_argument("--shards", type=int, default=16, help="shards per dataset")
+    parser.add_argument("--modes", default="cache,cacheless,whole-shard")
+    parser.add_argument("--peers", default="mosaic,litdata")
+    parser.add_argument("--nodes", type=int, default=4, help="simulated nodes (0: skip)")
+    parser.add_argument("--resume-at", type=float, default=0.9)
+    parser.add_argument("--slowdown", type=float, default=0.05, help="injected SlowDown share")
+    parser.add_argument("--peer-batches", type=int, default=0, help="peers stop after N batches")
+    parser.add_argument("--run-timeout", type=float, default=900, help="seconds per reader")
+    parser.add_argument("--latency-ms", type=float, default=20.0)
+    parser.add_argument("--conn-mbps", type=float, default=90.0)
+    parser.add_argument("--get-rate", type=float, default=5500.0)
+    parser.add_argument(
+        "--dir", type=Path, default=Path(tempfile.gettempdir()) / "shardstream-bench-cloud"
+    )
+    args = parser.parse_args()
+    args.dir.mkdir(parents=True, exist_ok=True)
+    modes = []
+    for mode in filter(None, args.modes.split(",")):
+        lacking = missing_options(mode)
+        if lacking:
+            print(f"note: shardstream mode {mode!r} skipped: this client has no {lacking}")
+        else:
+            modes.append(mode)
+    peers = [p for p in args.peers.split(",") if p]
+    settings = EmulatorSettings(
+        latency_s=args.latency_ms / 1000,
+        conn_bytes_per_s=args.conn_mbps * 1e6,
+        get_rate=args.get_rate,
+    )
+    t = time.perf_counter()
+    datasets = [build(args.dir, float(mb), args.shards) for mb in args.shard_mb.split(",")]
+    print(f"datasets ready in {time.perf_counter() - t:.1f}s under {args.dir}", flush=True)
+
+    creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    os.environ.update(creds, AWS_DEFAULT_REGION="us-east-1", NO_PROXY="127.0.0.1,localhost")
+    moto = Moto()
+    work = Path(tempfile.mkdtemp(prefix="run-", dir=args.dir))
+    lines: list[str] = []
+    try:
+        sizes: dict[str, int] = {}
+        for name, _ in datasets:
+            sizes[name] = moto.upload(args.dir / f"mds-{name}")
+            sizes["lit-" + name] = moto.upload(args.dir / f"lit-{name}")
+        with CloudEmulator(moto.url, settings, mirror_dir=args.dir) as emu:
+            emu.warm(BUCKET)  # the emulator serves from its mirror: moto stays out of timing
+            env = {
+                **os.environ,
+                "AWS_ENDPOINT_URL": emu.endpoint_url,
+                "S3_ENDPOINT_URL": emu.endpoint_url,  # MosaicML's variable
+                "AWS_ALLOW_HTTP": "true",
+                "PYTHONPATH": str(ROOT),
+            }
+            run = 0
+
+            def one(label: str, name: str, specs: list[dict[str, Any]], size: int) -> None:
+                nonlocal run
+                for spec in specs:
+                    run += 1
+                    spec["cache"] = str(work / f"cache-{run}")
+                try:
+                    row = run_readers(specs, env, emu, args.run_timeout)
+                except RuntimeError as exc:  # a peer failing must not hide the others
+                    lines.append(f"| {name} | {label} | FAILED: {exc} |")
+                    print(lines[-1], flush=True)
+                    return
+                finally:
+                    for spec in specs:
+                        shutil.rmtree(spec["cache"], ignore_errors=True)
+                row.label = label
+                lines.append(format_row(name, row, size, settings))
+                print(lines[-1], flush=True)
+
+            for name, _ in datasets:
+                mds = f"s3://{BUCKET}/mds-{name}"
+                lit = f"s3://{BUCKET}/lit-{name}"
+                # Cacheless holds the mixing window in memory: give it the whole dataset
+                # (the default 2 GiB is refused for a window of 16 x 256 MB shards).
+                budget = max(2 << 30, int(sizes[name] * 1.1))
+                ours = {"library": "shardstream", "url": mds + "/index.json"}
+                ours["memory_budget"] = budget
+                for mode in modes:
+                    one(f"shardstream {mode}", name, [{**ours, "mode": mode}], sizes[name])
+                for peer in peers:
+                    url = lit if peer == "litdata" else mds
+                    size = sizes["lit-" + name] if peer == "litdata" else sizes[name]
+                    spec = {"library": peer, "url": url, "max_batches": args.peer_batches}
+                    first = f", first {args.peer_batches} batches" if args.peer_batches else ""
+                    one(f"{peer} (S3 remote{first})", name, [spec], size)
+                for mode in modes:
+                    if args.resume_at:
+                        spec = {**ours, "mode": mode, "resume": args.resume_at}
+                        one(
+                            f"shardstream {mode}, resumed at {args.resume_at:.0%}",
+                            name,
+                            [spec],
+                            sizes[name],
+                        )
+                if args.slowdown and modes:
+                    emu.configure(slowdown_rate=args.slowdown)
+                    label = f"shardstream {modes[0]}, {args.slowdown:.0%} SlowDown"
+                    one(label, name, [{**ours, "mode": modes[0]}], sizes[name])
+                    emu.configure(slowdown_rate=0.0)
+                if args.nodes and modes:
+                    specs = [{**ours, "mode": modes[0]} for _ in range(args.nodes)]
+                    one(f"shardstream {modes[0]}, {args.nodes} nodes", name, specs, sizes[name])
+    finally:
+        moto.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+    print(
+        f"\n{args.shards} shards per dataset, {TOKENS} x uint16 tokens per sample, batch 32, "
+        f"2 workers, {os.cpu_count()} CPUs; emulator {args.latency_ms:g} ms first byte, "
+        f"{args.conn_mbps:g} MB/s per connection, {args.get_rate:g} GET/s per prefix"
+    )
+    print(HEADER)
+    print("|" + " --- |" * HEADER.count(" |"))
+    for line in lines:
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""Bytes of a block read: counted, verified against the block digests, written in place.
+
+The pieces :class:`~shardstream.client.blockfetch.PartialShard` does its I/O with: the
+per-fetcher counters (:class:`BlockStats`), a ranged read checked against the index's
+per-block digests and fetched again when corrupt (:func:`read_verified`), and the sparse
+file calls that write blocks in place and free evicted ones (:func:`punch_hole`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from shardstream.errors import CorruptShardError, HashMismatchError, ShardstreamError
+from shardstream.mds import ShardInfo
+from shardstream.storage import ObjectStore
+
+__all__ = ["BlockStats", "punch_hole", "pwrite_all", "read_verified"]
+
+log = logging.getLogger(__name__)
+
+VERIFY_ATTEMPTS = 3
+"""Fetches of a block whose bytes fail their digest before the shard is declared bad."""
+
+
+class BlockStats:
+    """Counters shared by the partial shards of one fetcher (bytes and requests)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.requests = 0
+        self.bytes_fetched = 0
+        self.corrupt_blocks = 0
+        self.bytes_evicted = 0
+        self.peer_bytes = 0
+        """Bytes taken from another process's download file of the node cache, not fetched."""
+
+    def add(self, **deltas: int) -> None:
+        """Add to the named counters."""
+        with self.lock:
+            for name, value in deltas.items():
+                setattr(self, name, getattr(self, name) + value)
+
+
+def read_peer(
+    peers: Sequence[Path], info: ShardInfo, start: int, end: int, *, stats: BlockStats
+) -> bytes | None:
+    """Bytes ``[start, end)`` from another process's download file of the same shard, if
+    all of them are there and match their block digests (counted as ``peer_bytes``); else
+    ``None`` (fetch them).
+
+    The downloader writes only verified blocks, but a block may be a hole (zeros) or half
+    written when read here: the digest check is what makes the bytes safe to use."""
+    from shardstream.mds import verify_range  # with block digests (mds >= blocks)
+
+    for path in peers:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue  # published or abandoned meanwhile
+        try:
+            data = os.pread(fd, end - start, start)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        if len(data) != end - start:
+            continue
+        try:
+            verify_range(info, start, data)
+        except CorruptShardError:
+            continue  # not there yet
+        stats.add(peer_bytes=len(data))
+        return data
+    return None
+
+
+def offer_to_peers(peers: Sequence[Path], data: bytes, start: int) -> None:
+    """Write verified bytes this process fetched into the node's in-flight download files
+    of the same shard, so that their fills find them there instead of fetching them again
+    (identical bytes at the same offsets: harmless wherever the file is by now). A
+    published cache file (``data/``) is never written: its verified marker covers it."""
+    for path in peers:
+        if path.parent.name == "data":
+            continue
+        try:
+            fd = os.open(path, os.O_WRONLY)
+        except OSError:
+            continue  # published or abandoned meanwhile
+        try:
+            pwrite_all(fd, data, start)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def read_verified(
+    store: ObjectStore,
+    key: str,
+    info: ShardInfo,
+    start: int,
+    end: int,
+    *,
+    stats: BlockStats,
+    verify: bool,
+) -> bytes:
+    """Bytes ``[start, end)`` of shard ``key``, checked against its block digests when
+    ``verify`` (fetched again when corrupt; :class:`HashMismatchError` after
+    :data:`VERIFY_ATTEMPTS` corrupt fetches)."""
+    size = info.raw_data.bytes
+    for attempt in range(1, VERIFY_ATTEMPTS + 1):
+        data = store.read_range(key, start, end, expected_size=size)
+        stats.add(requests=1, bytes_fetched=len(data))
+        if not verify:
+            return data
+        from shardstream.mds import verify_range  # with block digests (mds >= blocks)
+
+        try:
+            verify_range(info, start, data)
+            return data
+        except CorruptShardError as exc:
+            stats.add(corrupt_blocks=1)
+            log.warning("%s (attempt %d of %d)", exc, attempt, VERIFY_ATTEMPTS)
+            if attempt == VERIFY_ATTEMPTS:
+                raise HashMismatchError(
+                    f"{exc}; still corrupt after {attempt} fetches: the stored shard "
+                    f"{key!r} does not match its index"
+                ) from None
+    raise AssertionError("unreachable")
+
+
+def pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
+_FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
+
+
+@functools.cache
+def _libc() -> Any:
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    return libc
+
+
+def punch_hole(fd: int, offset: int, length: int) -> None:
+    """Free the pages of ``[offset, offset + length)`` of a file (Linux ``fallocate``)."""
+    mode = _FALLOC_FL_KEEP_SIZE | _FALLOC_FL_PUNCH_HOLE
+    if _libc().fallocate(fd, mode, offset, length) != 0:
+        err = ctypes.get_errno()
+        raise ShardstreamError(f"cannot free memory of a cacheless shard: {os.strerror(err)}")

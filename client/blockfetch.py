@@ -1,0 +1,322 @@
+"""A shard being read by range: a full-size sparse file, filled block by block.
+
+:class:`PartialShard` holds one shard's bytes while they arrive: a file of the shard's
+full size (in the cache's private download folder, or an anonymous memory file in
+cacheless mode) and a per-block state (missing, in flight, present). Missing blocks are
+fetched as coalesced ranged reads on the process's :class:`RangeQueue`, each verified
+against the builder's per-block digests before it is marked present, then written in
+place; the shard's :class:`~shardstream.mds.ShardReader` memory-maps the file once its
+header is present, so a batch reads its samples while the rest is still on the way.
+
+Without per-block digests (older indexes), blocks cannot be verified on arrival; the
+fetcher only builds a ``PartialShard`` for them when the user allowed it
+(``CacheOptions.unverified_blocks="verify_on_completion"``), and the whole file is
+checked against its hash once complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from shardstream.client.block_io import (
+    BlockStats,
+    offer_to_peers,
+    punch_hole,
+    pwrite_all,
+    read_peer,
+    read_verified,
+)
+from shardstream.client.range_queue import DEMAND, RangeQueue
+from shardstream.client.ranges import blocks_between, blocks_of_samples, coalesce, header_bytes
+from shardstream.errors import CorruptShardError, StorageError
+from shardstream.hashing import verify_file
+from shardstream.mds import ShardInfo, ShardReader
+from shardstream.storage import ObjectStore
+
+__all__ = ["IN_FLIGHT", "MISSING", "PRESENT", "BlockStats", "PartialShard"]
+
+MISSING, IN_FLIGHT, PRESENT = 0, 1, 2
+
+
+class PartialShard:
+    """One shard's file, its block states and the reads that fill it."""
+
+    def __init__(
+        self,
+        *,
+        info: ShardInfo,
+        key: str,
+        store: ObjectStore,
+        fd: int,
+        path: Path,
+        queue: RangeQueue,
+        block_size: int,
+        range_blocks: int,
+        stats: BlockStats,
+    ) -> None:
+        self.info, self.key, self.store = info, key, store
+        self.fd, self.path = fd, path
+        self.size = info.raw_data.bytes
+        self.block_size = block_size
+        self.num_blocks = max(-(-self.size // block_size), 1)
+        self._queue = queue
+        self._range_blocks = range_blocks
+        self._stats = stats
+        self._digests = info.block_digests if hasattr(info, "block_digests") else None
+        self.state = np.zeros(self.num_blocks, dtype=np.int8)
+        self.last_use = np.zeros(self.num_blocks, dtype=np.int64)
+        self.owner = np.full(self.num_blocks, -1, dtype=np.int64)
+        """The read job each in-flight block belongs to."""
+        self._jobs = 0
+        self._queued: set[int] = set()  # read jobs submitted and not started
+        self._cond = threading.Condition()
+        self._error: BaseException | None = None
+        self._reader: ShardReader | None = None
+        self._header_blocks = np.empty(0, dtype=np.int64)
+        self._reader_lock = threading.Lock()
+        self.whole_lock = threading.Lock()
+        """Held while the shard is read whole (one whole read, whoever asks first)."""
+        self.peers: Callable[[], list[Path]] | None = None
+        """Download files of this shard by other processes of the node (cache mode)."""
+        self.node_shared = False
+        """Whether this is the node cache's download file, where other processes of the
+        node write verified blocks they fetched (a fill looks there before fetching)."""
+        self._busy = 0  # runs in flight and threads waiting: the file stays open for them
+        self._retired = False
+        os.ftruncate(fd, self.size)
+
+    @property
+    def verified_blocks(self) -> bool:
+        """Whether each block is checked against a digest on arrival."""
+        return self._digests is not None
+
+    def present_bytes(self) -> int:
+        """Bytes of the blocks present or on the way (what the file holds in memory or on
+        disk once the reads in flight land)."""
+        held = self.state != MISSING
+        tail = self.size - (self.num_blocks - 1) * self.block_size
+        return int(np.count_nonzero(held)) * self.block_size - (
+            self.block_size - tail if held[-1] else 0
+        )
+
+    def missing_bytes(self, blocks: npt.NDArray[np.int64]) -> int:
+        """Bytes of ``blocks`` that are neither present nor on the way (what fetching them
+        adds to memory)."""
+        return int(np.count_nonzero(self.state[blocks] == MISSING)) * self.block_size
+
+    # -- requesting and waiting -----------------------------------------------------------
+
+    def request(self, blocks: npt.NDArray[np.int64], priority: int = DEMAND) -> None:
+        """Start fetching the missing ones of ``blocks`` (sorted, unique).
+
+        A batch's request also takes over its blocks from background reads that are
+        queued but not started, so a batch never waits behind the fill.
+        """
+        jobs: list[tuple[int, int, int]] = []
+        with self._cond:
+            if self._error is not None:
+                return
+            take = self.state[blocks] == MISSING
+            if priority == DEMAND and self._queued:
+                waiting = np.fromiter(self._queued, dtype=np.int64)
+                take |= (self.state[blocks] == IN_FLIGHT) & np.isin(self.owner[blocks], waiting)
+            todo = blocks[take]
+            self.state[todo] = IN_FLIGHT
+            for first, last in coalesce(todo, self._range_blocks):
+                job = self._jobs = self._jobs + 1
+                self.owner[first : last + 1] = job
+                self._queued.add(job)
+                jobs.append((first, last, job))
+            self._busy += len(jobs)
+        for first, last, job in jobs:
+            self._queue.submit(priority, functools.partial(self._fetch, first, last, job))
+
+    def wait(self, blocks: npt.NDArray[np.int64], priority: int = DEMAND) -> None:
+        """Fetch ``blocks`` if needed and return once all are present (or raise why not)."""
+        self.request(blocks, priority)
+        with self._cond:
+            self._busy += 1
+            try:
+                while True:
+                    if self._error is not None:
+                        raise self._error
+                    if (self.state[blocks] == PRESENT).all():
+                        return
+                    self._cond.wait()
+            finally:
+                self._done_one()
+
+    def wait_all(self, priority: int) -> None:
+        """Fetch every missing block at ``priority`` and return once the file is complete.
+
+        Two ranged reads at a time: blocks not yet requested stay free for the batches to
+        request at their own (higher) priority, instead of queueing behind the fill.
+        """
+        while True:
+            with self._cond:
+                missing = np.flatnonzero(self.state == MISSING)
+            if missing.size == 0:
+                break
+            runs = coalesce(missing, self._range_blocks)[:2]
+            batch = np.concatenate([np.arange(a, b + 1) for a, b in runs])
+            self.wait(batch, priority)
+        self.wait(np.arange(self.num_blocks, dtype=np.int64))
+
+    def fail(self, error: BaseException) -> None:
+        """Wake every waiter with ``error`` (the fetcher is closing, or the shard is bad)."""
+        with self._cond:
+            if self._error is None:
+                self._error = error
+            self._cond.notify_all()
+
+    def _done_one(self) -> None:
+        """One run or waiter finished (``_cond`` held)."""
+        self._busy -= 1
+
+    def retire(self) -> None:
+        """Stop tracking this partial (another copy took over). Threads still using it
+        are served; its file closes when the last reference goes (``__del__``)."""
+        self._retired = True
+
+    def __del__(self) -> None:
+        with contextlib.suppress(AttributeError):
+            self.close_file()
+
+    def close_file(self) -> None:
+        """Close the file once (later reads and writes of this partial are skipped)."""
+        with self._cond:
+            if self.fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(self.fd)
+                self.fd = -1
+
+    def _fetch(self, first: int, last: int, job: int) -> None:
+        try:
+            with self._cond:
+                self._queued.discard(job)
+                # Blocks a batch's request took over are fetched by that request instead.
+                mine = np.flatnonzero(self.owner[first : last + 1] == job) + first
+            for a, b in coalesce(mine, self._range_blocks):
+                self._fetch_run(a, b)
+        finally:
+            with self._cond:
+                self._done_one()
+
+    def _fetch_run(self, first: int, last: int) -> None:
+        start = first * self.block_size
+        end = min((last + 1) * self.block_size, self.size)
+        try:
+            data = None
+            if self._digests is not None:  # verified blocks only
+                if self.peers is not None:
+                    peers = self.peers()
+                    data = read_peer(peers, self.info, start, end, stats=self._stats)
+                elif self.node_shared:  # written here by another process of the node
+                    data = read_peer([self.path], self.info, start, end, stats=self._stats)
+            if data is None:
+                verify = self._digests is not None
+                args = (self.store, self.key, self.info, start, end)
+                data = read_verified(*args, stats=self._stats, verify=verify)
+                if verify and self.peers is not None:
+                    offer_to_peers(peers, data, start)
+            with self._cond:  # the file may be closed meanwhile: never write a reused fd
+                if self.fd < 0:
+                    raise StorageError(f"{self.key}: the partial shard was closed")
+                pwrite_all(self.fd, data, start)
+        except BaseException as exc:
+            with self._cond:
+                self.state[first : last + 1] = MISSING
+            self.fail(exc)
+            return
+        with self._cond:
+            self.state[first : last + 1] = PRESENT
+            self._cond.notify_all()
+
+    # -- reading --------------------------------------------------------------------------
+
+    def request_header(self) -> None:
+        """Start fetching the header's blocks (its config part is guessed at 4 KiB)."""
+        if self._reader is None:
+            self.request(self._first_blocks())
+
+    def _first_blocks(self) -> npt.NDArray[np.int64]:
+        return blocks_between(
+            self.num_blocks,
+            self.block_size,
+            0,
+            min(header_bytes(self.info.samples) + 4096, self.size),
+        )
+
+    def reader(self) -> ShardReader:
+        """The shard's reader over this file (fetches the header first if needed)."""
+        if self._reader is not None:
+            return self._reader
+        with self._reader_lock:  # one builder; the others find its reader
+            if self._reader is None:
+                self._reader = self._open_reader()
+        return self._reader
+
+    def _open_reader(self) -> ShardReader:
+        fixed = header_bytes(self.info.samples)
+        first = self._first_blocks()
+        self._header_blocks = first
+        self.wait(first)
+        with self._cond:
+            if self.fd < 0:
+                raise StorageError(f"{self.key}: the partial shard was closed")
+            begin = int.from_bytes(os.pread(self.fd, 4, 4), "little")  # offsets[0]
+        if begin > self.size:
+            raise CorruptShardError(
+                f"{self.key}: header says samples start at byte {begin}, past the end of the "
+                f"{self.size}-byte shard"
+            )
+        rest = blocks_between(self.num_blocks, self.block_size, 0, max(begin, fixed))
+        self.wait(rest)
+        self._header_blocks = rest
+        return ShardReader(self.path, self.info)
+
+    def blocks_for(self, local: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        """Blocks holding samples ``local`` (fetches the header first if needed)."""
+        return blocks_of_samples(self.reader().offsets, local, self.block_size)
+
+    def header_blocks(self) -> npt.NDArray[np.int64]:
+        """Blocks of the header (pinned: never evicted while the shard is open)."""
+        return self._header_blocks
+
+    def complete(self) -> bool:
+        """Whether every block is present."""
+        return bool((self.state == PRESENT).all())
+
+    def verify_whole(self) -> None:
+        """Check the complete file against the shard's whole-file hash (blocks that were
+        not digest-verified on arrival); :class:`HashMismatchError` if it differs."""
+        if self._digests is None and self.info.raw_data.hashes:
+            verify_file(self.path, self.info.raw_data.hashes, what=self.key)
+
+    def evict(self, blocks: npt.NDArray[np.int64]) -> int:
+        """Drop present ``blocks`` from memory (punch holes); returns the bytes freed."""
+        freed = 0
+        with self._cond:
+            for block in blocks.tolist():
+                if self.state[block] != PRESENT or self.fd < 0:
+                    continue
+                start = block * self.block_size
+                length = min(self.block_size, self.size - start)
+                punch_hole(self.fd, start, length)
+                self.state[block] = MISSING
+                freed += length
+        self._stats.add(bytes_evicted=freed)
+        return freed
+
+    def close(self) -> None:
+        """Close the file (a reader's mapping stays valid for arrays still using it)."""
+        self.fail(StorageError(f"{self.key}: the reader was closed"))
+        self.close_file()

@@ -1,0 +1,97 @@
+"""Which bytes of a shard a set of samples needs: pure functions over numpy arrays.
+
+A shard file is cut into fixed-size *blocks* (the builder's per-block digest blocks when
+the index records them, so every fetched byte can be verified on arrival; else
+:data:`DEFAULT_BLOCK_BYTES`). Reads are planned in blocks: the samples of the next
+batches map to the blocks that hold them, missing blocks are coalesced into runs of at
+most a few MB (one ranged GET each), and a batch waits only for its own blocks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "DEFAULT_BLOCK_BYTES",
+    "blocks_between",
+    "blocks_of_samples",
+    "blocks_of_spans",
+    "coalesce",
+    "header_bytes",
+]
+
+I64 = npt.NDArray[np.int64]
+
+DEFAULT_BLOCK_BYTES = 1 << 20
+"""Fetch unit of shards whose index records no block digests (1 MiB)."""
+
+
+def header_bytes(num_samples: int) -> int:
+    """Bytes of an MDS shard's fixed header: the sample count and ``n + 1`` offsets.
+
+    The config JSON that follows has no recorded length; it ends at ``offsets[0]``.
+    """
+    return 4 * (num_samples + 2)
+
+
+def blocks_between(num_blocks: int, block_size: int, start: int, end: int) -> I64:
+    """Blocks holding bytes ``[start, end)`` (at least the one holding ``start``), within
+    the ``num_blocks`` blocks of a shard."""
+    last = max(end - 1, start) // block_size
+    return np.arange(start // block_size, min(last, num_blocks - 1) + 1)
+
+
+def blocks_of_spans(starts: I64, ends: I64, block_size: int) -> I64:
+    """Sorted unique blocks that cover the byte spans ``[starts[i], ends[i])``.
+
+    Empty spans cover nothing. Vectorized: a span crossing ``k`` blocks adds ``k`` ids.
+
+    >>> blocks_of_spans(np.array([0, 10]), np.array([5, 25]), 8).tolist()
+    [0, 1, 2, 3]
+    """
+    starts = np.asarray(starts, dtype=np.int64)
+    ends = np.asarray(ends, dtype=np.int64)
+    keep = ends > starts
+    first = starts[keep] // block_size
+    last = (ends[keep] - 1) // block_size
+    counts = last - first + 1
+    if counts.size == 0:
+        return np.empty(0, dtype=np.int64)
+    total = int(counts.sum())
+    if total == counts.size:  # the common case: each sample inside one block
+        out: I64 = np.unique(first)
+        return out
+    base = np.repeat(first - (np.cumsum(counts) - counts), counts)
+    spread: I64 = np.unique(base + np.arange(total, dtype=np.int64))
+    return spread
+
+
+def blocks_of_samples(offsets: I64, indices: npt.ArrayLike, block_size: int) -> I64:
+    """Sorted unique blocks holding samples ``indices`` of a shard with sample ``offsets``
+    (the ``n + 1`` byte offsets from its header)."""
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    return blocks_of_spans(offsets[idx], offsets[idx + 1], block_size)
+
+
+def coalesce(blocks: I64, max_blocks: int) -> list[tuple[int, int]]:
+    """Runs ``(first, last)`` (inclusive) of consecutive ids in sorted ``blocks``, each at
+    most ``max_blocks`` long: one ranged request per run.
+
+    >>> coalesce(np.array([0, 1, 2, 5, 6, 9]), 2)
+    [(0, 1), (2, 2), (5, 6), (9, 9)]
+    """
+    b: Any = np.asarray(blocks, dtype=np.int64)
+    if b.size == 0:
+        return []
+    cuts = np.flatnonzero(np.diff(b) != 1) + 1
+    runs: list[tuple[int, int]] = []
+    for run in np.split(b, cuts):
+        first, last = int(run[0]), int(run[-1])
+        while first <= last:
+            stop = min(last, first + max_blocks - 1)
+            runs.append((first, stop))
+            first = stop + 1
+    return runs

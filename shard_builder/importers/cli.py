@@ -1,0 +1,64 @@
+"""``shardstream import FORMAT SOURCE... --output DST`` (or ``--server/--dataset`` to publish).
+
+Shares the output, worker and publishing options of ``shardstream build``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from shardstream.shard_builder.cli import _add_output_options, _output_options, _run
+
+_FORMATS = ("webdataset", "tfrecord", "lmdb", "hf")
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``import`` command."""
+    parser = subparsers.add_parser(
+        "import",
+        help="import a WebDataset, TFRecord, LMDB or Hugging Face dataset as MDS shards",
+        description="Convert a dataset in another tool's format into MDS shards, losslessly: "
+        "every sample is checked against the schema of the first one.",
+    )
+    parser.add_argument("format", choices=_FORMATS, help="the source format")
+    parser.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="SOURCE",
+        help="files, folders or globs; WebDataset brace ranges (shard-{000000..000099}.tar)",
+    )
+    parser.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="leave out samples whose columns differ from the schema (listed in the summary)",
+    )
+    parser.add_argument(
+        "--split", default="train", help="hf: the split of a DatasetDict folder (train)"
+    )
+    parser.add_argument(
+        "--value-format",
+        choices=["raw", "json", "npy", "pickle"],
+        default="raw",
+        help="lmdb: how values are stored (default raw bytes); pickle is refused: a pickle "
+        "runs whatever code it holds, so pickled values are never loaded",
+    )
+    _add_output_options(parser)
+    parser.set_defaults(handler=_run_import)
+
+
+def _run_import(args: argparse.Namespace) -> int:
+    from shardstream.shard_builder.importers.build import ImportConfig, build_import
+
+    def build(output: str) -> Any:
+        config = ImportConfig(
+            format=args.format,
+            inputs=tuple(args.inputs),
+            skip_bad=args.skip_bad,
+            value_format=args.value_format,
+            split=args.split,
+            **_output_options(args, output),
+        )
+        return build_import(config)
+
+    return _run(args, build)

@@ -1,0 +1,100 @@
+"""WebDataset ``.tar`` shards: members grouped into samples by key, as WebDataset does.
+
+A member ``dir/abc.seg.jpg`` has key ``dir/abc`` and column ``seg.jpg``; consecutive members
+with the same key form one sample. Each extension maps to an MDS encoding: images stay
+encoded bytes (``jpeg``/``png`` where the MDS encoding exists), ``cls``/``label`` -> int,
+``txt`` -> str, ``json`` -> json, ``npy`` -> ndarray, anything else -> bytes. Sources are
+local files or folders, with brace ranges (``shard-{000000..000099}.tar``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import tarfile
+from collections.abc import Iterator
+
+import numpy as np
+
+from shardstream.errors import InputError
+from shardstream.shard_builder.importers.source import Column, ImportFormat, Record, SourceUnit
+from shardstream.shard_builder.inputs import resolve_inputs
+
+_BRACE = re.compile(r"\{(\d+)\.\.(\d+)\}")
+_KEY = re.compile(r"^((?:.*/|)[^./]+)[.]([^/]*)$")
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """``a-{00..02}.tar`` -> ``a-00.tar a-01.tar a-02.tar`` (zero padding kept; nests)."""
+    match = _BRACE.search(pattern)
+    if match is None:
+        return [pattern]
+    lo, hi = match.group(1), match.group(2)
+    width = len(lo) if lo.startswith("0") else 0
+    if int(hi) < int(lo):
+        raise InputError(f"{pattern}: brace range {match.group(0)} runs backwards")
+    head, tail = pattern[: match.start()], pattern[match.end() :]
+    out: list[str] = []
+    for n in range(int(lo), int(hi) + 1):
+        out.extend(expand_braces(f"{head}{n:0{width}d}{tail}"))
+    return out
+
+
+def plan(inputs: tuple[str, ...], option: str = "") -> list[SourceUnit]:
+    names = [name for arg in inputs for name in expand_braces(arg)]
+    files = resolve_inputs(names, (".tar",))
+    return [SourceUnit(str(f.path), f.size, f.mtime_ns) for f in files]
+
+
+def decode_member(ext: str, data: bytes, where: str) -> Column:
+    """The MDS encoding and value of one member, by its (last) extension."""
+    last = ext.rsplit(".", 1)[-1].lower()
+    try:
+        if last in ("jpg", "jpeg"):
+            return "jpeg", data
+        if last == "png":
+            return "png", data
+        if last in ("cls", "cls2", "label", "index", "id"):
+            return "int", int(data.decode().strip())
+        if last in ("txt", "text"):
+            return "str", data.decode("utf-8")
+        if last == "json":
+            return "json", json.loads(data)
+        if last == "npy":
+            return "ndarray", np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"{where}.{ext}: cannot read the {last} member ({exc})") from exc
+    return "bytes", data
+
+
+def read(unit: SourceUnit) -> Iterator[Record]:
+    key: str | None = None
+    sample: dict[str, Column] = {}
+    try:
+        with tarfile.open(unit.path, mode="r|") as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                match = _KEY.match(member.name)
+                if match is None:
+                    continue
+                name, ext = match.group(1), match.group(2)
+                if key is not None and name != key:
+                    yield f"{unit.path} key {key}", sample
+                    sample = {}
+                key = name
+                where = f"{unit.path} key {key}"
+                if ext in sample:
+                    raise InputError(f"{where}: member .{ext} appears twice in one sample")
+                handle = tar.extractfile(member)
+                assert handle is not None
+                sample[ext] = decode_member(ext, handle.read(), where)
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        after = f" after key {key}" if key else ""
+        raise InputError(f"{unit.path}: damaged or truncated tar{after} ({exc})") from exc
+    if key is not None:
+        yield f"{unit.path} key {key}", sample
+
+
+FORMAT = ImportFormat("webdataset", plan, read)

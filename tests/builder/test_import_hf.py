@@ -1,0 +1,80 @@
+"""``shardstream import hf``: folders written by ``datasets`` (``save_to_disk``) and Parquet."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+from PIL import Image
+
+from shardstream.errors import InputError
+from shardstream.shard_builder.importers import ImportConfig, build_import
+from tests.builder.conftest import png_bytes, read_with_ours, read_with_streaming
+
+SMALL = {"shard_size": 8 * 1024, "allow_small_shards": True, "progress": False}
+NAMES = ["cat", "dog", "fox"]
+
+
+def _dataset(n: int) -> datasets.Dataset:
+    features = datasets.Features(
+        {
+            "image": datasets.Image(),
+            "label": datasets.ClassLabel(names=NAMES),
+            "ids": datasets.Sequence(datasets.Value("int32")),
+            "text": datasets.Value("string"),
+        }
+    )
+    return datasets.Dataset.from_dict(
+        {
+            "image": [{"bytes": png_bytes(i), "path": None} for i in range(n)],
+            "label": [i % 3 for i in range(n)],
+            "ids": [list(range(i % 7 + 1)) for i in range(n)],  # MDS ndarray: never empty
+            "text": [f"row {i}" for i in range(n)],
+        },
+        features=features,
+    )
+
+
+def test_dataset_dict_split_comes_back_field_by_field(tmp_path: Path) -> None:
+    train = _dataset(60)
+    datasets.DatasetDict({"train": train, "test": _dataset(5)}).save_to_disk(str(tmp_path / "hf"))
+    result = build_import(
+        ImportConfig(format="hf", inputs=(str(tmp_path / "hf"),), split="train",
+                     output=str(tmp_path / "out"), workers=2, **SMALL)
+    )  # fmt: skip
+    assert result.columns == {"ids": "ndarray", "image": "png", "label": "int", "text": "str"}
+    meta = json.loads((tmp_path / "out" / "shardstream.json").read_text())
+    assert meta["label_names"] == {"label": NAMES}
+    ours = read_with_ours(tmp_path / "out")
+    theirs = read_with_streaming(tmp_path / "out", tmp_path / "cache")
+    assert len(ours) == len(theirs) == 60
+    for got, other, i in zip(ours, theirs, range(60), strict=True):
+        assert got["image"] == png_bytes(i)
+        want_pixels = np.asarray(Image.open(io.BytesIO(png_bytes(i))))
+        assert np.array_equal(np.asarray(other["image"]), want_pixels)
+        assert got["label"] == other["label"] == i % 3
+        assert got["ids"].dtype == np.int32 and got["ids"].tolist() == list(range(i % 7 + 1))
+        assert got["text"] == other["text"] == f"row {i}"
+
+
+def test_missing_split_and_hub_names_are_clear_errors(tmp_path: Path) -> None:
+    datasets.DatasetDict({"train": _dataset(3)}).save_to_disk(str(tmp_path / "hf"))
+    with pytest.raises(InputError, match="splits train; choose one with --split"):
+        build_import(ImportConfig(format="hf", inputs=(str(tmp_path / "hf"),), split="valid",
+                                  output=str(tmp_path / "o"), **SMALL))  # fmt: skip
+    with pytest.raises(InputError, match="not loaded from the Hub"):
+        build_import(ImportConfig(format="hf", inputs=("imdb",), output=str(tmp_path / "o"),
+                                  **SMALL))  # fmt: skip
+
+
+def test_parquet_files_import_like_the_saved_folder(tmp_path: Path) -> None:
+    ds = _dataset(30)
+    ds.to_parquet(str(tmp_path / "part.parquet"))
+    result = build_import(ImportConfig(format="hf", inputs=(str(tmp_path / "part.parquet"),),
+                                       output=str(tmp_path / "out"), **SMALL))  # fmt: skip
+    assert result.samples == 30 and result.metadata["label_names"] == {"label": NAMES}
+    assert [s["text"] for s in read_with_ours(tmp_path / "out")] == ds["text"]

@@ -1,0 +1,66 @@
+"""``shardstream import lmdb``: databases written with the ``lmdb`` library."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import lmdb
+import numpy as np
+import pytest
+
+from shardstream.errors import ConfigError, InputError
+from shardstream.shard_builder.importers import ImportConfig, build_import
+from tests.builder.conftest import read_with_ours
+
+SMALL = {"shard_size": 4 * 1024, "allow_small_shards": True, "progress": False}
+
+
+def _npy(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    return buf.getvalue()
+
+
+def _write(path: Path, values: dict[bytes, bytes]) -> None:
+    env = lmdb.open(str(path), map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        for key, value in values.items():
+            txn.put(key, value)
+    env.close()
+
+
+def test_npy_values_come_back_in_key_order(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    arrays = {f"k{i:04d}".encode(): rng.integers(0, 1000, (i % 6 + 1, 2)) for i in range(200)}
+    _write(tmp_path / "db", {k: _npy(v) for k, v in arrays.items()})
+    config = ImportConfig(
+        format="lmdb", inputs=(str(tmp_path / "db"),), value_format="npy",
+        output=str(tmp_path / "out"), **SMALL,
+    )  # fmt: skip
+    result = build_import(config)
+    assert result.columns == {"key": "bytes", "value": "ndarray"} and len(result.shards) > 2
+    got = read_with_ours(tmp_path / "out")
+    assert [s["key"] for s in got] == sorted(arrays)
+    for sample in got:
+        want = arrays[sample["key"]]
+        assert sample["value"].dtype == want.dtype and np.array_equal(sample["value"], want)
+
+
+def test_a_value_that_does_not_parse_names_database_and_key(tmp_path: Path) -> None:
+    values = {f"r{i}".encode(): json.dumps({"i": i}).encode() for i in range(20)}
+    values[b"r13"] = b"{not json"
+    _write(tmp_path / "db", values)
+    config = ImportConfig(
+        format="lmdb", inputs=(str(tmp_path / "db"),), value_format="json",
+        output=str(tmp_path / "out"), **SMALL,
+    )  # fmt: skip
+    with pytest.raises(InputError, match=r"db key b'r13': the value is not json"):
+        build_import(config)
+    assert not (tmp_path / "out" / "index.json").exists()
+
+
+def test_pickled_values_are_refused_with_the_reason(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="never unpickled"):
+        ImportConfig(format="lmdb", inputs=("db",), value_format="pickle", output="o")

@@ -1,0 +1,138 @@
+"""``shardstream import webdataset``: tar shards written by ``webdataset.ShardWriter``."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import webdataset as wds
+from PIL import Image
+
+from shardstream.errors import InputError
+from shardstream.shard_builder.importers import ImportConfig, build_import
+from tests.builder.conftest import dir_bytes, jpeg_bytes, read_with_ours, read_with_streaming
+
+SMALL = {"shard_size": 16 * 1024, "allow_small_shards": True, "progress": False}
+
+
+def _samples(n: int) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(0)
+    return [
+        {
+            "__key__": f"sample{i:05d}",
+            "jpg": jpeg_bytes(i),
+            "cls": i % 7,
+            "txt": f"caption {i} " * (i % 5 + 1),
+            "json": {"id": i, "tags": ["a", "b"][: i % 3]},
+            "npy": rng.standard_normal((i % 4 + 1, 3)).astype(np.float32),
+        }
+        for i in range(n)
+    ]
+
+
+def _write(folder: Path, samples: list[dict[str, Any]], per_shard: int = 40) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    with wds.ShardWriter(str(folder / "shard-%06d.tar"), maxcount=per_shard, verbose=0) as sink:
+        for sample in samples:
+            sink.write(sample)
+    count = len(list(folder.glob("*.tar")))
+    return str(folder / f"shard-{{000000..{count - 1:06d}}}.tar")
+
+
+def _check(got: dict[str, Any], want: dict[str, Any]) -> None:
+    image = got["jpg"]
+    if isinstance(image, bytes):  # shardstream's reader: the stored bytes, unchanged
+        assert image == want["jpg"]
+    else:  # MosaicML decodes jpeg columns to PIL images
+        decoded = Image.open(io.BytesIO(want["jpg"]))
+        assert np.array_equal(np.asarray(image), np.asarray(decoded))
+    assert got["cls"] == want["cls"]
+    assert got["txt"] == want["txt"]
+    assert got["json"] == want["json"]
+    assert got["npy"].dtype == want["npy"].dtype
+    assert np.array_equal(got["npy"], want["npy"])
+
+
+def test_every_sample_comes_back_field_by_field(tmp_path: Path) -> None:
+    samples = _samples(150)
+    pattern = _write(tmp_path / "wds", samples)
+    result = build_import(
+        ImportConfig(
+            format="webdataset", inputs=(pattern,), output=str(tmp_path / "out"), workers=2, **SMALL
+        )
+    )
+    assert result.columns == {
+        "cls": "int",
+        "jpg": "jpeg",
+        "json": "json",
+        "npy": "ndarray",
+        "txt": "str",
+    }
+    assert result.samples == 150 and len(result.shards) > 3
+    ours = read_with_ours(tmp_path / "out")
+    assert len(ours) == 150
+    for got, want in zip(ours, samples, strict=True):
+        _check(got, want)
+    theirs = read_with_streaming(tmp_path / "out", tmp_path / "cache")
+    for got, want in zip(theirs, samples, strict=True):
+        _check(got, want)
+
+
+def test_same_source_gives_byte_identical_output(tmp_path: Path) -> None:
+    pattern = _write(tmp_path / "wds", _samples(90))
+    outs = []
+    for workers in (1, 2):
+        out = tmp_path / f"out{workers}"
+        build_import(
+            ImportConfig(
+                format="webdataset", inputs=(pattern,), output=str(out), workers=workers, **SMALL
+            )
+        )
+        outs.append(dir_bytes(out))
+    assert outs[0] == outs[1]
+
+
+def test_truncated_tar_is_one_clear_error_and_nothing_published(tmp_path: Path) -> None:
+    _write(tmp_path / "wds", _samples(60))
+    victim = tmp_path / "wds" / "shard-000001.tar"
+    victim.write_bytes(victim.read_bytes()[:5000])
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match=r"shard-000001\.tar.*truncated"):
+        build_import(
+            ImportConfig(
+                format="webdataset",
+                inputs=(str(tmp_path / "wds"),),
+                output=str(out),
+                workers=1,
+                **SMALL,
+            )
+        )
+    assert not (out / "index.json").exists()
+
+
+def test_sample_missing_a_column_names_shard_and_key_or_is_skipped(tmp_path: Path) -> None:
+    samples = _samples(50)
+    del samples[33]["txt"]
+    pattern = _write(tmp_path / "wds", samples)
+    with pytest.raises(InputError, match=r"shard-000000\.tar key sample00033.*expected"):
+        build_import(
+            ImportConfig(
+                format="webdataset", inputs=(pattern,), output=str(tmp_path / "out"), **SMALL
+            )
+        )
+    result = build_import(
+        ImportConfig(
+            format="webdataset",
+            inputs=(pattern,),
+            skip_bad=True,
+            output=str(tmp_path / "out2"),
+            **SMALL,
+        )
+    )
+    assert result.samples == 49
+    assert [b.source for b in result.skipped] == [
+        f"{tmp_path}/wds/shard-000000.tar key sample00033"
+    ]

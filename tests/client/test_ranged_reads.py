@@ -1,0 +1,205 @@
+"""Block-granular reads: the same batches whole, ranged through the cache, and cacheless.
+
+Everything goes through the cloud emulator (latency, per-connection bandwidth, per-prefix
+request limits, injected faults) in front of moto. The sequence of sample ids must be
+identical in every mode, with and without faults; a corrupted block must be detected by
+its digest and fetched again; a first batch must arrive with a small part of the shards
+fetched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shardstream.client import CacheOptions, PlanOptions, StreamingDataset
+from shardstream.client.ranges import blocks_of_samples, blocks_of_spans, coalesce
+from shardstream.mds import MDSWriter, load_index
+from shardstream.storage import open_store
+from tests.fixtures.cloud_emulator import CloudEmulator
+from tests.fixtures.cloud_emulator_fixture import _cloud_emulator_process, cloud_emulator
+from tests.fixtures.s3 import S3Bucket
+
+__all__ = ["_cloud_emulator_process", "cloud_emulator"]
+
+N = 2400
+TOKENS = 256
+BLOCK = 16 << 10
+
+
+def tokens_of(i: int) -> np.ndarray[Any, Any]:
+    """Sample ``i``'s tokens: distinct per sample, so a wrong byte shows."""
+    return (np.arange(TOKENS, dtype=np.int64) * 7 + i * 3).astype(np.uint16)
+
+
+def _write(out: Path, *, compression: str | None = None, block_size: int | None = BLOCK) -> None:
+    columns = {"id": "int", "tokens": f"ndarray:uint16:{TOKENS}"}
+    with MDSWriter(
+        out, columns, size_limit=256 << 10, compression=compression, block_size=block_size
+    ) as writer:
+        for i in range(N):
+            writer.write({"id": i, "tokens": tokens_of(i)})
+
+
+def _upload(folder: Path, url: str) -> int:
+    store = open_store(url)
+    total = 0
+    for path in sorted(folder.iterdir()):
+        store.upload(path, path.name)
+        total += path.stat().st_size if path.suffix != ".json" else 0
+    return total
+
+
+@pytest.fixture
+def dataset(s3_bucket: S3Bucket, tmp_path: Path) -> tuple[str, int]:
+    _write(tmp_path / "ds")
+    total = _upload(tmp_path / "ds", f"{s3_bucket.url}/ranged")
+    return f"{s3_bucket.url}/ranged/index.json", total
+
+
+def _read(
+    url: str, cache: CacheOptions, *, epoch: int = 0, opened: Callable[[], Any] | None = None
+) -> tuple[list[int], Any]:
+    ds = StreamingDataset(url, 8, cache=cache, plan=PlanOptions(seed=3))
+    ds.set_epoch(epoch)
+    if opened is not None:  # after the index is read, before any shard byte
+        opened()
+    ids: list[int] = []
+    for batch in ds:
+        for i, row in zip(batch["id"].tolist(), batch["tokens"], strict=True):
+            assert row.numpy().tolist() == tokens_of(i).tolist()
+        ids += batch["id"].tolist()
+    return ids, ds.stream.read_stats
+
+
+def _num_shards(url: str) -> int:
+    folder, _, name = url.rpartition("/")
+    return len(load_index(open_store(folder).read_bytes(name)).shards)
+
+
+def _through(emu: CloudEmulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", emu.endpoint_url)
+
+
+def test_blocks_of_spans_and_coalesce() -> None:
+    offsets = np.array([0, 10, 20, 40, 41, 100], dtype=np.int64)
+    assert blocks_of_samples(offsets, [0], 8).tolist() == [0, 1]
+    assert blocks_of_samples(offsets, [2, 3], 8).tolist() == [2, 3, 4, 5]
+    assert blocks_of_spans(np.array([5]), np.array([5]), 8).tolist() == []
+    assert coalesce(np.array([1, 2, 3, 4, 9]), 3) == [(1, 3), (4, 4), (9, 9)]
+    assert coalesce(np.array([], dtype=np.int64), 3) == []
+
+
+def test_same_sequence_whole_ranged_and_cacheless_with_faults(
+    dataset: tuple[str, int],
+    cloud_emulator: CloudEmulator,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url, _ = dataset
+    _through(cloud_emulator, monkeypatch)
+    whole, _ = _read(url, CacheOptions(dir=tmp_path / "c0", ranged_reads=False))
+    assert sorted(whole) == list(range(N))
+    faults = {"cut_rate": 0.05, "error_rate": 0.05, "corrupt_rate": 0.03}
+    clean = dict.fromkeys(faults, 0.0)
+
+    def faulty() -> None:  # once the index is read: index.json has no digest to check
+        cloud_emulator.configure(latency_s=0.005, faults=faults)
+
+    ranged, rstats = _read(url, CacheOptions(dir=tmp_path / "c1"), opened=faulty)
+    cloud_emulator.configure(faults=clean)
+    cacheless, mstats = _read(
+        url, CacheOptions(memory_only=True, memory_budget_bytes=8 << 20), opened=faulty
+    )
+    assert ranged == whole
+    assert cacheless == whole
+    assert rstats.requests > 0 and mstats.requests > 0  # really read by range
+    assert not (tmp_path / "c2").exists()
+    # Every shard landed in the cache whole and verified (the background fill).
+    cached = list((tmp_path / "c1" / "data").glob("*shard.*.mds"))
+    assert len(cached) == _num_shards(url)
+
+
+def test_corrupt_block_is_detected_and_fetched_again(
+    dataset: tuple[str, int], cloud_emulator: CloudEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, _ = dataset
+    _through(cloud_emulator, monkeypatch)
+    # Every shard body is corrupted until two have been: each range gets three attempts, so
+    # the read must recover whatever ranges the two flips land in. (index.json has no
+    # digest to check it against: the corruption starts once it is read.)
+    cloud_emulator.configure(latency_s=0.0)
+    ids, stats = _read(
+        url,
+        CacheOptions(memory_only=True),
+        opened=lambda: cloud_emulator.configure(faults={"corrupt_rate": 1.0, "corrupt_max": 2}),
+    )
+    assert sorted(ids) == list(range(N))  # and every row's tokens checked in _read
+    assert stats.corrupt_blocks == 2
+    assert cloud_emulator.stats()["corrupted"] == 2
+
+
+def test_cacheless_fetches_each_byte_about_once(
+    dataset: tuple[str, int], cloud_emulator: CloudEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, total = dataset
+    _through(cloud_emulator, monkeypatch)
+    ids, stats = _read(url, CacheOptions(memory_only=True, memory_budget_bytes=64 << 20))
+    assert sorted(ids) == list(range(N))
+    assert stats.bytes_evicted == 0
+    assert total <= stats.bytes_fetched <= 1.05 * total
+
+
+def test_first_batch_before_whole_shards(
+    dataset: tuple[str, int], cloud_emulator: CloudEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, total = dataset
+    _through(cloud_emulator, monkeypatch)
+    ds = StreamingDataset(url, 8, cache=CacheOptions(memory_only=True), plan=PlanOptions(seed=3))
+    first = next(iter(ds))
+    fetched = ds.stream.read_stats.bytes_fetched
+    ds.stream.close()
+    assert len(first["id"]) == 8
+    # Headers and the blocks of the look-ahead batches only, not the mixing window's shards.
+    assert fetched < total / 2
+
+
+def test_zstd_shards_are_read_whole_in_memory(
+    s3_bucket: S3Bucket,
+    tmp_path: Path,
+    cloud_emulator: CloudEmulator,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _write(tmp_path / "z", compression="zstd")
+    _upload(tmp_path / "z", f"{s3_bucket.url}/z")
+    _through(cloud_emulator, monkeypatch)
+    url = f"{s3_bucket.url}/z/index.json"
+    ids, stats = _read(url, CacheOptions(memory_only=True, memory_budget_bytes=8 << 20))
+    assert sorted(ids) == list(range(N))
+    assert stats.requests == _num_shards(url)  # one whole read per shard
+
+
+def test_shards_without_digests_follow_the_option(
+    s3_bucket: S3Bucket,
+    tmp_path: Path,
+    cloud_emulator: CloudEmulator,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _write(tmp_path / "n", block_size=None)
+    _upload(tmp_path / "n", f"{s3_bucket.url}/n")
+    _through(cloud_emulator, monkeypatch)
+    url = f"{s3_bucket.url}/n/index.json"
+    whole, wstats = _read(url, CacheOptions(dir=tmp_path / "c"))
+    assert sorted(whole) == list(range(N)) and wstats.requests == 0  # fetched whole
+    later, lstats = _read(
+        url, CacheOptions(dir=tmp_path / "d", unverified_blocks="verify_on_completion")
+    )
+    assert later == whole and lstats.requests > 0
+    from shardstream.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no per-block digests"):
+        _read(url, CacheOptions(memory_only=True, unverified_blocks="refuse"))
