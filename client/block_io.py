@@ -14,7 +14,7 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from shardstream.errors import CorruptShardError, HashMismatchError, Shardstream
 from shardstream.mds import ShardInfo
 from shardstream.storage import ObjectStore
 
-__all__ = ["BlockStats", "punch_hole", "pwrite_all", "read_verified"]
+__all__ = ["BlockStats", "punch_hole", "pwrite_all", "read_header", "read_verified"]
 
 log = logging.getLogger(__name__)
 
@@ -115,16 +115,42 @@ def read_verified(
     """Bytes ``[start, end)`` of shard ``key``, checked against its block digests when
     ``verify`` (fetched again when corrupt; :class:`HashMismatchError` after
     :data:`VERIFY_ATTEMPTS` corrupt fetches)."""
-    size = info.raw_data.bytes
+    from shardstream.mds import verify_range  # with block digests (mds >= blocks)
+
+    def check(data: bytes) -> None:
+        if verify:
+            verify_range(info, start, data)
+
+    return _read_checked(store, key, info, (start, end), check, stats=stats)
+
+
+def read_header(store: ObjectStore, key: str, info: ShardInfo, *, stats: BlockStats) -> bytes:
+    """The header bytes of shard ``key`` alone, checked against the index's header digest
+    (fetched again when corrupt, as :func:`read_verified`)."""
+    digest = info.header_digest
+    if digest is None:
+        raise ShardstreamError(f"{key}: the index records no header digest")
+    name = info.raw_data.basename
+    return _read_checked(
+        store, key, info, (0, digest.length), lambda d: digest.verify(d, name), stats=stats
+    )
+
+
+def _read_checked(
+    store: ObjectStore,
+    key: str,
+    info: ShardInfo,
+    span: tuple[int, int],
+    check: Callable[[bytes], None],
+    *,
+    stats: BlockStats,
+) -> bytes:
+    size, (start, end) = info.raw_data.bytes, span
     for attempt in range(1, VERIFY_ATTEMPTS + 1):
         data = store.read_range(key, start, end, expected_size=size)
         stats.add(requests=1, bytes_fetched=len(data))
-        if not verify:
-            return data
-        from shardstream.mds import verify_range  # with block digests (mds >= blocks)
-
         try:
-            verify_range(info, start, data)
+            check(data)
             return data
         except CorruptShardError as exc:
             stats.add(corrupt_blocks=1)

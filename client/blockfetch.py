@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from shardstream.client.block_io import (
     offer_to_peers,
     punch_hole,
     pwrite_all,
+    read_header,
     read_peer,
     read_verified,
 )
@@ -42,6 +44,8 @@ from shardstream.mds import ShardInfo, ShardReader
 from shardstream.storage import ObjectStore
 
 __all__ = ["IN_FLIGHT", "MISSING", "PRESENT", "BlockStats", "PartialShard"]
+
+log = logging.getLogger(__name__)
 
 MISSING, IN_FLIGHT, PRESENT = 0, 1, 2
 
@@ -89,6 +93,7 @@ class PartialShard:
         self.node_shared = False
         """Whether this is the node cache's download file, where other processes of the
         node write verified blocks they fetched (a fill looks there before fetching)."""
+        self._header_queued = False  # a header read is queued or running
         self._busy = 0  # runs in flight and threads waiting: the file stays open for them
         self._retired = False
         os.ftruncate(fd, self.size)
@@ -243,9 +248,28 @@ class PartialShard:
     # -- reading --------------------------------------------------------------------------
 
     def request_header(self) -> None:
-        """Start fetching the header's blocks (its config part is guessed at 4 KiB)."""
-        if self._reader is None:
+        """Start fetching the header: its own bytes where the index has their digest, else
+        its blocks (the config part guessed at 4 KiB)."""
+        if self._reader is not None:
+            return
+        if self._digests is not None and self.info.header_digest is not None:
+            with self._cond:
+                if self._header_queued:
+                    return
+                self._header_queued = True
+            self._queue.submit(DEMAND, self._open_quietly)
+        else:
             self.request(self._first_blocks())
+
+    def _open_quietly(self) -> None:
+        """Open the reader ahead of use; a failure is raised again to the reader's caller."""
+        try:
+            self.reader()
+        except Exception as exc:  # reader() is called again where the shard is read
+            log.debug("%s: opening ahead failed: %s", self.key, exc)
+        finally:
+            with self._cond:
+                self._header_queued = False
 
     def _first_blocks(self) -> npt.NDArray[np.int64]:
         return blocks_between(
@@ -265,6 +289,17 @@ class PartialShard:
         return self._reader
 
     def _open_reader(self) -> ShardReader:
+        head = self.info.header_digest if self._digests is not None else None
+        if head is not None:  # never waits on the range queue: safe in its threads
+            # The header's own bytes, verified against its digest: a few KiB where block 0
+            # is MBs. Its blocks stay pinned (never evicted) while the shard is open.
+            data = read_header(self.store, self.key, self.info, stats=self._stats)
+            with self._cond:
+                if self.fd < 0:
+                    raise StorageError(f"{self.key}: the partial shard was closed")
+                pwrite_all(self.fd, data, 0)
+            self._header_blocks = blocks_between(self.num_blocks, self.block_size, 0, head.length)
+            return ShardReader(self.path, self.info)
         fixed = header_bytes(self.info.samples)
         first = self._first_blocks()
         self._header_blocks = first

@@ -156,14 +156,20 @@ class ShardFetcher(ShardFills, BlockDemand):
 
     # -- whole shards and background fills ------------------------------------------------
 
-    def prefetch(self, shards: Sequence[int] | np.ndarray[Any, Any]) -> None:
+    def prefetch(self, shards: Sequence[int] | np.ndarray[Any, Any], *, fills: bool = True) -> None:
         """Start fetching ``shards`` (in this order) that are neither open nor in flight:
-        whole, or as a background fill; in cacheless mode, their headers."""
+        whole, or as a background fill; in cacheless mode, their headers.
+
+        ``fills=False`` leaves out the background fills of ranged shards: a cold first
+        batch reads its own blocks by range, and fills started beside it would share the
+        link with them (they start with the next chunk, adopting the blocks read)."""
         for shard in (int(s) for s in shards):
             if shard in self._open or shard in self._pending or shard in self._complete:
                 continue
             if self._cache is None:
                 self._pending[shard] = self._pool_get().submit(self._open_memory, shard)
+                continue
+            if not fills and self.ranged(shard):
                 continue
             key, _, _, _ = self._fetch_args(shard)
             if self._cache.contains(key):

@@ -84,6 +84,7 @@ class ShardstreamLoader:
         self._workers: list[_Worker] = []
         self._gen = 0
         self._held: tuple[_Worker, int, int] | None = None  # slot lent out with copy=False
+        self._deferred: list[tuple[_Worker, tuple[Any, ...]]] = []  # starts after batch 1
         if resume is not None:
             from shardstream.client._server import load_checkpoint
 
@@ -163,6 +164,7 @@ class ShardstreamLoader:
             if not worker.pending:
                 self._receive(worker, gen, b)
             got, slot, refs, rest, names, last = worker.pending.popleft()
+            self._start_deferred()
             if got != b:
                 raise WorkerError(f"loader worker sent batch {got} where batch {b} was due")
             ring = worker.ring
@@ -214,37 +216,54 @@ class ShardstreamLoader:
     def _start_pass(self, command: tuple[Any, ...]) -> None:
         """Send worker ``w`` the pass starting at ``first + w``, forking workers if needed.
 
-        A freshly forked worker gets its command at once, so it builds the first batch
-        while the next worker is being forked (a fork of a torch process takes tens of ms).
+        Only the first batch's worker starts at once; the others start when it has sent
+        its first chunk. Cold, every worker's first batch needs tens of MB of blocks from
+        the store, and fetched together they share the node's link and CPU: the first
+        batch then waits for the others' bytes too. Warm, the delay is one batch's build.
         """
         name, gen, epoch, first, step = command
-        if self._workers and all(w.proc.is_alive() for w in self._workers):
-            for w, worker in enumerate(self._workers):
-                worker.pending.clear()
-                worker.cmd.send((name, gen, epoch, first + w, step))
-            return
-        self.close()
-        ctx = mp.get_context("fork")  # the rings are inherited mappings: fork is required
-        slot_bytes = MAX_CHUNK * _slot_bytes(self.dataset)
+        self._deferred = []
+        fresh = not (self._workers and all(w.proc.is_alive() for w in self._workers))
+        if fresh:
+            self.close()
         for w in range(self.num_workers):
-            ring = BatchRing(self.prefetch, slot_bytes)
-            cmd_recv, cmd_send = ctx.Pipe(duplex=False)
-            data_recv, data_send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(
-                target=worker_main,
-                args=(self.dataset.stream, ring, MAX_CHUNK, cmd_recv, data_send),
-                name=f"shardstream-loader-{w}",
-                daemon=True,
-            )
-            proc.start()
-            cmd_recv.close()
-            data_send.close()
-            cmd_send.send((name, gen, epoch, first + w, step))
-            self._workers.append(_Worker(proc, ring, cmd_send, data_recv))
+            if fresh:  # worker 0 starts building while the next ones fork
+                self._workers.append(self._fork(w))
+            worker = self._workers[w]
+            worker.pending.clear()
+            cmd = (name, gen, epoch, first + w, step)
+            if w == 0:
+                worker.cmd.send(cmd)
+            else:
+                self._deferred.append((worker, cmd))
+
+    def _start_deferred(self) -> None:
+        """Start the workers that wait for the first batch (once per pass)."""
+        deferred, self._deferred = self._deferred, []
+        for worker, cmd in deferred:
+            worker.cmd.send(cmd)
+
+    def _fork(self, w: int) -> _Worker:
+        """Fork worker ``w`` (a fork of a torch process takes tens of ms)."""
+        ctx = mp.get_context("fork")  # the rings are inherited mappings: fork is required
+        ring = BatchRing(self.prefetch, MAX_CHUNK * _slot_bytes(self.dataset))
+        cmd_recv, cmd_send = ctx.Pipe(duplex=False)
+        data_recv, data_send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(
+            target=worker_main,
+            args=(self.dataset.stream, ring, MAX_CHUNK, cmd_recv, data_send),
+            name=f"shardstream-loader-{w}",
+            daemon=True,
+        )
+        proc.start()
+        cmd_recv.close()
+        data_send.close()
+        return _Worker(proc, ring, cmd_send, data_recv)
 
     def close(self) -> None:
         """Stop the workers (they are daemons, so they also end with this process)."""
         self._held = None
+        self._deferred = []
         for worker in self._workers:
             with contextlib.suppress(BrokenPipeError, OSError):
                 worker.cmd.send(("stop",))

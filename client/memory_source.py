@@ -31,8 +31,8 @@ import numpy.typing as npt
 from shardstream.client.blockfetch import PRESENT, BlockStats, PartialShard
 from shardstream.client.range_queue import RangeQueue
 from shardstream.client.ranges import DEFAULT_BLOCK_BYTES
-from shardstream.errors import ConfigError
-from shardstream.hashing import hash_bytes
+from shardstream.errors import ConfigError, HashMismatchError
+from shardstream.hashing import choose_verify_algo, hash_bytes
 from shardstream.mds import ShardInfo
 from shardstream.storage import ObjectStore
 
@@ -97,16 +97,11 @@ class MemoryShards:
         stored = info.stored
         packed = partial.store.read_bytes(partial.key)
         self._stats.add(requests=1, bytes_fetched=len(packed))
-        for algo, expected in stored.hashes.items():
-            if algo.startswith("blocks:"):
-                continue
-            if hash_bytes(algo, packed) != expected:
-                from shardstream.errors import HashMismatchError
-
-                raise HashMismatchError(
-                    f"{partial.key}: {algo} differs from the index; the stored shard is corrupt"
-                )
-            break
+        algo = choose_verify_algo(stored.file_hashes)
+        if algo is not None and hash_bytes(algo, packed) != stored.file_hashes[algo]:
+            raise HashMismatchError(
+                f"{partial.key}: {algo} differs from the index; the stored shard is corrupt"
+            )
         if compression is not None:
             from shardstream.mds._compression import _copy_decompressed, compression_extension
 

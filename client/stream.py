@@ -205,7 +205,9 @@ class BatchStream:
             shards, _, last = plan.rank_schedule(rank, world, start)
             last_of = dict(zip(shards.tolist(), last.tolist(), strict=True))
             fetcher.plan_memory(self.memory_need(epoch, start, step), last_of)
-        fetcher.prefetch(order[: ahead + 1])
+        # Before the first batch, fetch only what it needs: its blocks, whole shards that
+        # cannot be ranged, and (cacheless) headers; background fills start after it.
+        fetcher.prefetch(order[: ahead + 1], fills=False)
         planned = _planned(plan, rank, world, start, step=step, max_chunk=max_chunk)
         # Chunks planned but not built yet: their samples' blocks are fetched ahead.
         window: deque[_Chunk] = deque()
@@ -219,7 +221,11 @@ class BatchStream:
             while window and (first or queued > read_ahead):
                 built = window.popleft()
                 queued -= len(built[0])
-                cursor, out = self._build(fetcher, built, order, where, cursor, alloc=alloc)
+                cursor, out = self._build(
+                    fetcher, built, order, where, cursor, alloc=alloc, fills=not first
+                )
+                if first:
+                    fetcher.prefetch(order[: max(cursor, 0) + ahead + 1])
                 first = False
                 yield out
         while window:
@@ -235,12 +241,13 @@ class BatchStream:
         cursor: int,
         *,
         alloc: Allocator,
+        fills: bool = True,
     ) -> tuple[int, list[tuple[int, dict[str, Any]]]]:
         """Build one planned chunk: ``(new prefetch cursor, [(b, batch), ...])``."""
         bs, ids, shards, local = chunk
         ahead = self.cache_options.prefetch_shards
         needed = np.unique(shards).tolist()
-        fetcher.prefetch(needed)  # parallel downloads for a chunk spanning cold shards
+        fetcher.prefetch(needed, fills=fills)  # parallel downloads for a chunk on cold shards
         ready = fetcher.need(shards, local, bs)  # ranged: this chunk's own blocks, verified
 
         def reader(shard: int) -> ShardReader:
@@ -258,7 +265,7 @@ class BatchStream:
         if furthest > cursor:
             cursor = furthest
             if ahead:
-                fetcher.prefetch(order[cursor + 1 : cursor + 1 + ahead])
+                fetcher.prefetch(order[cursor + 1 : cursor + 1 + ahead], fills=fills)
         fetcher.release_unused(set(needed))
         out = []
         for b, batch in zip(bs, built, strict=True):

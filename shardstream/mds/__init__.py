@@ -25,6 +25,7 @@ from shardstream.mds._blocks import (
     DEFAULT_BLOCK_SIZE,
     BlockDigests,
     BlockRange,
+    HeaderDigest,
     blocks_for_range,
     verify_range,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "BlockRange",
     "Codec",
     "FileInfo",
+    "HeaderDigest",
     "MDSIndex",
     "MDSWriter",
     "ShardInfo",

@@ -23,6 +23,18 @@ Compressed shards carry none: a zstd shard is one frame, so a byte range of it c
 decompressed on its own and ranged reads do not apply; such shards are fetched whole and
 checked against their whole-file hash.
 
+The header has its own digest. A reader opens a shard by its header (sample count, offsets,
+config: ``4 * (n + 2)`` bytes plus the config JSON, 64 KiB for 16,000 samples), then fetches
+the blocks of the samples it needs. With block digests alone, the header is verified only
+as part of block 0, so opening a shard would cost a whole block (4 MiB, ~45 ms on one
+connection) where the header is a few KiB: a cold reader opens every shard of its window
+before its first batch. So the writer also records the digest of the header's exact bytes
+``[0, offsets[0])``, in one more ``raw_data.hashes`` entry whose key holds its length::
+
+    "header:xxh3_64:65620": "<16 hex digits>"
+
+Older indexes without it still read (the header comes with block 0).
+
 Block size: 4 MiB by default. A ranged read of one block costs ~20-30 ms to first byte plus
 ~45 ms of transfer at 90 MB/s on one S3 connection, so a block is about the smallest request
 that keeps a connection busy rather than waiting; smaller blocks would make every sample
@@ -56,6 +68,7 @@ MIN_BLOCK_SIZE = 4096
 """The smallest block size the writer accepts (smaller ones only bloat the index)."""
 
 _PREFIX = "blocks:"
+_HEADER_PREFIX = "header:"
 _HEX = re.compile(r"[0-9a-f]*")
 
 Buffer = bytes | bytearray | memoryview
@@ -67,8 +80,13 @@ def digests_key(algo: str, block_size: int) -> str:
 
 
 def is_digests_key(key: str) -> bool:
-    """Whether a ``hashes`` key holds block digests (not a whole-file hash)."""
-    return key.startswith(_PREFIX)
+    """Whether a ``hashes`` key holds block or header digests (not a whole-file hash)."""
+    return key.startswith(_PREFIX) or key.startswith(_HEADER_PREFIX)
+
+
+def header_key(algo: str, length: int) -> str:
+    """The ``raw_data.hashes`` key of the header digest, e.g. ``header:xxh3_64:65620``."""
+    return f"{_HEADER_PREFIX}{algo}:{length}"
 
 
 def check_block_size(block_size: int | None) -> int | None:
@@ -176,6 +194,87 @@ def parse_block_digests(hashes: Mapping[str, str], size: int, where: str) -> Blo
             f"{blocks} digests of {width} hex digits for {size} bytes"
         )
     return BlockDigests(algo, block_size, size, value)
+
+
+class HeaderDigest(NamedTuple):
+    """The digest of a shard file's header bytes ``[0, length)``."""
+
+    algo: str
+    length: int
+    hex: str
+
+    def verify(self, data: Buffer, name: str) -> None:
+        """Check ``data`` (exactly the header's bytes); :class:`CorruptShardError` if not."""
+        view = memoryview(data).cast("B")
+        one_shot = _ONE_SHOT.get(self.algo)
+        actual = one_shot(view) if one_shot else hash_bytes(self.algo, view)
+        if len(view) != self.length or actual != self.hex:
+            raise CorruptShardError(
+                f"shard {name}: header (bytes 0-{self.length}) has {self.algo} {actual} over "
+                f"{len(view)} bytes, the index records {self.hex}; fetch it again"
+            )
+
+
+def parse_header_digest(hashes: Mapping[str, str], size: int, where: str) -> HeaderDigest | None:
+    """The header digest among a file's ``hashes`` (``None`` if it has none); raises
+    :class:`FormatError` naming the field for a malformed key or value."""
+    keys = [key for key in hashes if key.startswith(_HEADER_PREFIX)]
+    if not keys:
+        return None
+    if len(keys) > 1:
+        raise FormatError(f"{where}: field 'hashes' has several header digests {keys}")
+    key = keys[0]
+    algo, _, length_text = key[len(_HEADER_PREFIX) :].partition(":")
+    try:
+        width = _hex_width(algo)
+    except ConfigError:
+        raise FormatError(f"{where}: field 'hashes' key {key!r}: unknown algorithm") from None
+    if not (length_text.isascii() and length_text.isdigit() and len(length_text) <= 10):
+        raise FormatError(f"{where}: field 'hashes' key {key!r}: length is not a number")
+    length = int(length_text)
+    if not 8 <= length <= size:
+        raise FormatError(
+            f"{where}: field 'hashes' key {key!r}: header length {length} does not fit a "
+            f"{size}-byte file"
+        )
+    value = hashes[key]
+    if not isinstance(value, str) or len(value) != width or not _HEX.fullmatch(value):
+        raise FormatError(
+            f"{where}: field 'hashes' entry {key!r} must be {width} lowercase hex digits"
+        )
+    return HeaderDigest(algo, length, value)
+
+
+class HeaderHasher:
+    """The header digest of a shard file fed in any pieces: the header's length is the
+    first sample offset (bytes 4-8 of the file)."""
+
+    def __init__(self, algo: str = BLOCK_DIGEST_ALGO) -> None:
+        self.algo = algo
+        self._head = bytearray()
+        self._length: int | None = None
+
+    def update(self, data: Buffer) -> None:
+        """Feed the next bytes of the file."""
+        view = memoryview(data).cast("B")
+        if self._length is None:
+            need = 8 - len(self._head)
+            self._head += view[:need]
+            view = view[need:]
+            if len(self._head) < 8:
+                return
+            self._length = int.from_bytes(self._head[4:8], "little")
+        room = self._length - len(self._head)
+        if room > 0:
+            self._head += view[:room]
+
+    def finish(self) -> tuple[str, str] | None:
+        """``(key, digest)`` for ``raw_data.hashes``; ``None`` if the file was shorter than
+        its header says (the shard's own checks report that)."""
+        if self._length is None or len(self._head) != self._length:
+            return None
+        digest = hash_bytes(self.algo, bytes(self._head))
+        return header_key(self.algo, self._length), digest
 
 
 @functools.cache

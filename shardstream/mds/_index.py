@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from shardstream.errors import ConfigError, FormatError
-from shardstream.mds._blocks import BlockDigests, is_digests_key, parse_block_digests
+from shardstream.mds._blocks import (
+    BlockDigests,
+    HeaderDigest,
+    is_digests_key,
+    parse_block_digests,
+    parse_header_digest,
+)
 from shardstream.mds._compression import check_compression
 from shardstream.mds._encodings import get_codec
 
@@ -82,6 +88,15 @@ class ShardInfo:
             return None  # a range of one zstd frame cannot be read on its own
         raw = self.raw_data
         return parse_block_digests(raw.hashes, raw.bytes, raw.basename)
+
+    @property
+    def header_digest(self) -> HeaderDigest | None:
+        """The digest of the raw file's header bytes (``None``: compressed, or an index
+        written without it); a ranged reader verifies the header it fetched against it."""
+        if self.compression is not None:
+            return None
+        raw = self.raw_data
+        return parse_header_digest(raw.hashes, raw.bytes, raw.basename)
 
     @property
     def columns(self) -> dict[str, str]:
@@ -334,6 +349,7 @@ def _parse_shard(obj: Any, where: str, seen: dict[_Columns, _Columns] | None = N
     if (zip_data is None) != (compression is None):
         raise FormatError(f"{where}: zip_data must be given exactly when compression is set")
     parse_block_digests(raw.hashes, raw.bytes, f"{where}: raw_data")
+    parse_header_digest(raw.hashes, raw.bytes, f"{where}: raw_data")
     return ShardInfo(
         column_encodings=encodings,
         column_names=names,

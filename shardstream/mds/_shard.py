@@ -36,6 +36,7 @@ from shardstream.mds._blocks import (
     BLOCK_DIGEST_ALGO,
     DEFAULT_BLOCK_SIZE,
     BlockHasher,
+    HeaderHasher,
     check_block_size,
     digests_key,
 )
@@ -244,9 +245,9 @@ def _store(
     out_dir.mkdir(parents=True, exist_ok=True)
     raw_hashers = {algo: new_hasher(algo) for algo in template.hashes}
     # Block digests serve ranged reads, which compressed shards cannot have.
-    blocks = None
+    blocks = header = None
     if block_size is not None and template.compression is None:
-        blocks = BlockHasher(BLOCK_DIGEST_ALGO, block_size)
+        blocks, header = BlockHasher(BLOCK_DIGEST_ALGO, block_size), HeaderHasher()
     zip_info = None
     if template.compression is not None:
         # zstd's one-shot frame is what MosaicML writes: compress one joined buffer.
@@ -267,8 +268,9 @@ def _store(
                 if zip_info is None:
                     for hasher in raw_hashers.values():
                         hasher.update(part)
-                    if blocks is not None:
+                    if blocks is not None and header is not None:
                         blocks.update(part)
+                        header.update(part)
                 fh.write(part)
             size = fh.tell()
         os.replace(tmp, target)
@@ -279,6 +281,9 @@ def _store(
     raw_hashes = {a: h.hexdigest() for a, h in raw_hashers.items()}
     if blocks is not None:
         raw_hashes[digests_key(BLOCK_DIGEST_ALGO, blocks.block_size)] = blocks.finish().hex
+        head = header.finish() if header is not None else None
+        if head is not None:
+            raw_hashes[head[0]] = head[1]
     raw_info = FileInfo(basename, raw_size, raw_hashes)
     return ShardInfo(
         column_encodings=template.column_encodings,

@@ -9,6 +9,7 @@ fetched.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import pytest
 
 from shardstream.client import CacheOptions, PlanOptions, StreamingDataset
 from shardstream.client.ranges import blocks_of_samples, blocks_of_spans, coalesce
+from shardstream.errors import HashMismatchError
 from shardstream.mds import MDSWriter, load_index
 from shardstream.storage import open_store
 from tests.fixtures.cloud_emulator import CloudEmulator
@@ -203,3 +205,31 @@ def test_shards_without_digests_follow_the_option(
 
     with pytest.raises(ConfigError, match="no per-block digests"):
         _read(url, CacheOptions(memory_only=True, unverified_blocks="refuse"))
+
+
+def test_a_shard_opens_with_its_header_bytes_not_a_block(
+    s3_bucket: S3Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Opening a shard by block 0 would fetch 64 KiB for a 2 KiB header.
+    _write(tmp_path / "h", block_size=64 << 10)
+    url = f"{s3_bucket.url}/h/index.json"
+    total = _upload(tmp_path / "h", url.rpartition("/")[0])
+    shards = load_index(tmp_path / "h" / "index.json").shards
+    heads = sum(s.header_digest.length for s in shards if s.header_digest is not None)
+    ds = StreamingDataset(url, 8, cache=CacheOptions(memory_only=True), plan=PlanOptions(seed=3))
+    fetcher = ds.stream.fetcher()
+    for shard in range(len(shards)):
+        fetcher._partial(shard).reader()  # opens the shard: its header only
+    assert ds.stream.read_stats.bytes_fetched == heads < total / 20
+    # A header that does not match its digest is refused, naming the header.
+    index = json.loads((tmp_path / "h" / "index.json").read_text())
+    for entry in index["shards"]:
+        hashes = entry["raw_data"]["hashes"]
+        key = next(k for k in hashes if k.startswith("header:"))
+        hashes[key] = "0" * 16
+    open_store(url.rpartition("/")[0]).write_bytes("index.json", json.dumps(index).encode())
+    bad = StreamingDataset(url, 8, cache=CacheOptions(memory_only=True), plan=PlanOptions(seed=3))
+    with pytest.raises(HashMismatchError, match=r"header \(bytes 0-"):
+        next(iter(bad))
+    ds.stream.close()
+    bad.stream.close()

@@ -199,3 +199,46 @@ def test_non_hex_digest_blames_the_index(tmp_path: Path, samples: list[dict[str,
     with pytest.raises(FormatError, match="not lowercase hex") as err:
         verify_range(bad, 0, data[:BLOCK])
     assert not isinstance(err.value, CorruptShardError)
+
+
+def test_header_digest_covers_exactly_the_header(
+    tmp_path: Path, samples: list[dict[str, Any]]
+) -> None:
+    for shard in write_dataset(tmp_path, samples):
+        data = (tmp_path / shard.raw_data.basename).read_bytes()
+        head = shard.header_digest
+        assert head is not None
+        assert head.length == int.from_bytes(data[4:8], "little")  # the first sample offset
+        assert shard.raw_data.hashes[f"header:xxh3_64:{head.length}"] == head.hex
+        head.verify(data[: head.length], "x")
+        assert f"header:xxh3_64:{head.length}" not in shard.raw_data.file_hashes
+        flipped = bytearray(data[: head.length])
+        flipped[-1] ^= 1
+        with pytest.raises(CorruptShardError, match=r"shard y: header \(bytes 0-"):
+            head.verify(flipped, "y")
+        with pytest.raises(CorruptShardError, match="header"):
+            head.verify(data[: head.length - 1], "y")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [
+        ("header:xxh3_64:abc", "0" * 16, "length is not a number"),
+        ("header:md9:100", "0" * 16, "unknown algorithm"),
+        ("header:xxh3_64:100", "0" * 15, "16 lowercase hex digits"),
+        ("header:xxh3_64:100", "Z" * 16, "16 lowercase hex digits"),
+        ("header:xxh3_64:999999999", "0" * 16, "does not fit"),
+    ],
+)
+def test_malformed_header_digests_are_format_errors(
+    tmp_path: Path, samples: list[dict[str, Any]], key: str, value: str, match: str
+) -> None:
+    write_dataset(tmp_path, samples)
+    index = json.loads((tmp_path / "index.json").read_text())
+    hashes = index["shards"][0]["raw_data"]["hashes"]
+    for old in [k for k in hashes if k.startswith("header:")]:
+        del hashes[old]
+    hashes[key] = value
+    (tmp_path / "index.json").write_text(json.dumps(index))
+    with pytest.raises(FormatError, match=rf"shard 0 \(shard.00000.mds\): raw_data: .*{match}"):
+        load_index(tmp_path / "index.json")

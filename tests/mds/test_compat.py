@@ -124,15 +124,16 @@ def test_byte_identical_to_streaming(
     assert len(mine) > 2  # several shards plus the index
     for name in reference:
         assert mine[name] == reference[name], name
-    # Block digests change no shard byte, and the index only by their raw_data.hashes entry.
+    # Block and header digests change no shard byte, and the index only by their
+    # raw_data.hashes entries.
     with_blocks = shard_files(tmp_path / "blocks")
     assert {n: b for n, b in with_blocks.items() if n != "index.json"} == {
         n: b for n, b in reference.items() if n != "index.json"
     }
     index = json.loads(with_blocks["index.json"])
     for shard in index["shards"]:
-        found = [k for k in shard["raw_data"]["hashes"] if k.startswith("blocks:")]
-        assert len(found) == (compression is None)
+        found = [k for k in shard["raw_data"]["hashes"] if k.startswith(("blocks:", "header:"))]
+        assert len(found) == 2 * (compression is None)
         for key in found:
             del shard["raw_data"]["hashes"][key]
     assert json.dumps(index, sort_keys=True).encode() == reference["index.json"]
