@@ -23,6 +23,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -37,6 +38,9 @@ from shardstream.client.block_io import (
     read_verified,
 )
 from shardstream.client.range_queue import DEMAND, RangeQueue
+
+if TYPE_CHECKING:
+    from shardstream.client.memory_peers import BlockClaims
 from shardstream.client.ranges import blocks_between, blocks_of_samples, coalesce, header_bytes
 from shardstream.errors import CorruptShardError, StorageError
 from shardstream.hashing import verify_file
@@ -90,6 +94,12 @@ class PartialShard:
         """Held while the shard is read whole (one whole read, whoever asks first)."""
         self.peers: Callable[[], list[Path]] | None = None
         """Download files of this shard by other processes of the node (cache mode)."""
+        self.claims: BlockClaims | None = None
+        """Node-wide locks over this shard's blocks: a block another process is fetching
+        is waited for and copied from its file, not fetched again."""
+        self.offers_to_peers = True
+        """Whether blocks fetched here are also written into the peers' files (the node
+        cache's download files; never another process's memory)."""
         self.node_shared = False
         """Whether this is the node cache's download file, where other processes of the
         node write verified blocks they fetched (a fill looks there before fetching)."""
@@ -218,24 +228,10 @@ class PartialShard:
     def _fetch_run(self, first: int, last: int) -> None:
         start = first * self.block_size
         end = min((last + 1) * self.block_size, self.size)
+        claim = self.claims.hold(first, last) if self.claims is not None else None
         try:
-            data = None
-            if self._digests is not None:  # verified blocks only
-                if self.peers is not None:
-                    peers = self.peers()
-                    data = read_peer(peers, self.info, start, end, stats=self._stats)
-                elif self.node_shared:  # written here by another process of the node
-                    data = read_peer([self.path], self.info, start, end, stats=self._stats)
-            if data is None:
-                verify = self._digests is not None
-                args = (self.store, self.key, self.info, start, end)
-                data = read_verified(*args, stats=self._stats, verify=verify)
-                if verify and self.peers is not None:
-                    offer_to_peers(peers, data, start)
-            with self._cond:  # the file may be closed meanwhile: never write a reused fd
-                if self.fd < 0:
-                    raise StorageError(f"{self.key}: the partial shard was closed")
-                pwrite_all(self.fd, data, start)
+            with claim if claim is not None else contextlib.nullcontext():
+                self._fetch_claimed(first, last, start, end)
         except BaseException as exc:
             with self._cond:
                 self.state[first : last + 1] = MISSING
@@ -244,6 +240,27 @@ class PartialShard:
         with self._cond:
             self.state[first : last + 1] = PRESENT
             self._cond.notify_all()
+
+    def _fetch_claimed(self, first: int, last: int, start: int, end: int) -> None:
+        """Bytes ``[start, end)`` (blocks ``first..last``): from a peer's file, else the
+        store; written into this shard's file."""
+        data = None
+        if self._digests is not None:  # verified blocks only
+            if self.peers is not None:
+                peers = self.peers()
+                data = read_peer(peers, self.info, start, end, stats=self._stats)
+            elif self.node_shared:  # written here by another process of the node
+                data = read_peer([self.path], self.info, start, end, stats=self._stats)
+        if data is None:
+            verify = self._digests is not None
+            args = (self.store, self.key, self.info, start, end)
+            data = read_verified(*args, stats=self._stats, verify=verify)
+            if verify and self.peers is not None and self.offers_to_peers:
+                offer_to_peers(peers, data, start)
+        with self._cond:  # the file may be closed meanwhile: never write a reused fd
+            if self.fd < 0:
+                raise StorageError(f"{self.key}: the partial shard was closed")
+            pwrite_all(self.fd, data, start)
 
     # -- reading --------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ import numpy as np
 from shardstream.client.block_demand import BlockDemand
 from shardstream.client.blockfetch import BlockStats, PartialShard
 from shardstream.client.cache import ShardCache
+from shardstream.client.memory_peers import MemoryPeers
 from shardstream.client.memory_source import MemoryShards
 from shardstream.client.options import CacheOptions
 from shardstream.client.range_queue import RangeQueue
@@ -142,6 +143,8 @@ class ShardFetcher(ShardFills, BlockDemand):
                     budget_bytes=self._options.memory_budget_bytes,
                     range_bytes=self._options.range_bytes,
                     stats=self.stats,
+                    # cacheless: the node's processes read each other's fetched blocks
+                    peers=MemoryPeers() if self._cache is None else None,
                 )
             return self._memory
 

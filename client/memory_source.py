@@ -6,9 +6,10 @@ fetched blocks occupy memory. A budget bounds them all together: before new bloc
 fetched, the least recently used blocks that no batch in the look-ahead wants are dropped
 (the kernel frees their pages), headers excepted.
 
-Bytes are fetched once per epoch per *process*: ranks and DataLoader workers of a node
-cannot share memory without disk or shared segments (which this project avoids), so with
-``W`` reading processes on a node a block wanted by several of them is fetched by each.
+Bytes are fetched about once per epoch per *node*: the node's reading processes (ranks,
+DataLoader or loader workers) find each other's memory files (:mod:`memory_peers`) and
+copy blocks another one already fetched, checked against their digests, instead of
+fetching them; only blocks two processes want before either has them are fetched twice.
 A block is fetched twice by one process only if the budget forced it out before its last
 use (``BlockStats.bytes_evicted`` counts what was dropped). The stream prevents that: it
 checks the budget against the window's need before the first read
@@ -19,6 +20,7 @@ that use them, so blocks wanted by batches not yet built are never evicted.
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import os
@@ -29,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardstream.client.blockfetch import PRESENT, BlockStats, PartialShard
+from shardstream.client.memory_peers import MemoryPeers
 from shardstream.client.range_queue import RangeQueue
 from shardstream.client.ranges import DEFAULT_BLOCK_BYTES
 from shardstream.errors import ConfigError, HashMismatchError
@@ -51,9 +54,17 @@ class MemoryShards:
     """Private, memory-backed partial shards of one process, within ``budget_bytes``."""
 
     def __init__(
-        self, *, queue: RangeQueue, budget_bytes: int, range_bytes: int, stats: BlockStats
+        self,
+        *,
+        queue: RangeQueue,
+        budget_bytes: int,
+        range_bytes: int,
+        stats: BlockStats,
+        peers: MemoryPeers | None = None,
     ) -> None:
         self._queue = queue
+        self._peers = peers
+        self._links: dict[int, tuple[str, Path]] = {}
         self._budget = budget_bytes
         self._range_bytes = range_bytes
         self._stats = stats
@@ -87,6 +98,11 @@ class MemoryShards:
                 range_blocks=max(1, self._range_bytes // block),
                 stats=self._stats,
             )
+            if self._peers is not None:  # the node's other processes read what we fetched
+                self._links[shard] = (key, self._peers.register(key, fd))
+                partial.peers = functools.partial(self._peers.others, key)
+                partial.claims = self._peers.claims(key)
+                partial.offers_to_peers = False  # their files are their budget
             self._shards[shard] = partial
             return partial
 
@@ -140,10 +156,16 @@ class MemoryShards:
             done = [s for s, p in self._shards.items() if self._last.get(s, -1) < self._tick]
             partials = [self._shards.pop(s) for s in done]
         freed = 0
-        for partial in partials:
+        for shard, partial in zip(done, partials, strict=True):
+            self._withdraw(shard)
             freed += partial.evict(np.flatnonzero(partial.state == PRESENT))
             partial.retire()
         return freed
+
+    def _withdraw(self, shard: int) -> None:
+        found = self._links.pop(shard, None)
+        if found is not None and self._peers is not None:
+            self._peers.withdraw(*found)
 
     def touch(self, partial: PartialShard, blocks: npt.NDArray[np.int64], when: int) -> None:
         """Record that ``blocks`` are used at ``when`` (now, or a look-ahead chunk's time)."""
@@ -190,6 +212,7 @@ class MemoryShards:
         """Forget a shard's partial (its cache entry took over), freeing its memory."""
         with self._lock:
             partial = self._shards.pop(shard, None)
+            self._withdraw(shard)
         if partial is not None:
             partial.retire()
 
@@ -197,6 +220,8 @@ class MemoryShards:
         """Free every partial."""
         with self._lock:
             shards, self._shards = list(self._shards.values()), {}
+            for shard in list(self._links):
+                self._withdraw(shard)
         for partial in shards:
             partial.close()
 

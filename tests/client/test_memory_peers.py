@@ -1,0 +1,118 @@
+"""Cacheless reads share what the node fetched: processes find each other's memory files,
+wait for each other's fetch of the same blocks (node-wide block claims), and copy verified
+blocks instead of fetching them again; a dead or stopped peer never holds a reader up."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from shardstream.client import CacheOptions, PlanOptions, ShardstreamLoader, StreamingDataset
+from shardstream.client.memory_peers import BlockClaims, MemoryPeers
+from tests.client.test_ranged_reads import N, _through, _upload, _write, tokens_of
+from tests.fixtures.cloud_emulator import CloudEmulator
+from tests.fixtures.cloud_emulator_fixture import _cloud_emulator_process, cloud_emulator
+from tests.fixtures.s3 import S3Bucket
+
+__all__ = ["_cloud_emulator_process", "cloud_emulator"]
+
+
+def _read_ids(url: str, workers: int) -> list[int]:
+    cache = CacheOptions(memory_only=True, memory_budget_bytes=64 << 20)
+    ds = StreamingDataset(url, 8, cache=cache, plan=PlanOptions(seed=5))
+    ids: list[int] = []
+    with ShardstreamLoader(ds, num_workers=workers) as loader:
+        for batch in loader:
+            for i, row in zip(batch["id"].tolist(), batch["tokens"], strict=True):
+                assert row.numpy().tolist() == tokens_of(i).tolist()
+            ids += batch["id"].tolist()
+    ds.stream.close()
+    return ids
+
+
+def test_two_workers_fetch_the_dataset_about_once(
+    s3_bucket: S3Bucket,
+    tmp_path: Path,
+    cloud_emulator: CloudEmulator,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _write(tmp_path / "ds")
+    total = _upload(tmp_path / "ds", f"{s3_bucket.url}/shared")
+    url = f"{s3_bucket.url}/shared/index.json"
+    _through(cloud_emulator, monkeypatch)
+    alone = _read_ids(url, 0)
+    assert sorted(alone) == list(range(N))
+    cloud_emulator.reset()
+    both = _read_ids(url, 2)
+    served = cloud_emulator.stats()["body_bytes"]
+    assert both == alone  # the same sequence, whoever fetched the bytes
+    # Without sharing each worker fetches every block it uses: about 2x the dataset.
+    assert served <= 1.2 * total, (served, total)
+    assert not list(MemoryPeers().root.glob("*shard.*"))  # links and claims withdrawn
+
+
+def _hold(path: Path, ready: mp.synchronize.Event, seconds: float) -> None:
+    with BlockClaims(path).hold(2, 5):
+        ready.set()
+        time.sleep(seconds)
+
+
+def test_a_claim_is_waited_for_until_released_or_its_holder_dies(tmp_path: Path) -> None:
+    claims = tmp_path / "shard.claims"
+    ctx = mp.get_context("fork")
+    ready = ctx.Event()
+    holder = ctx.Process(target=_hold, args=(claims, ready, 0.5))
+    holder.start()
+    assert ready.wait(10)
+    began = time.monotonic()
+    with BlockClaims(claims).hold(6, 9):  # other blocks: no wait
+        assert time.monotonic() - began < 0.2
+    with BlockClaims(claims).hold(4, 4):  # overlaps: waits for the holder's release
+        waited = time.monotonic() - began
+    holder.join()
+    assert 0.3 < waited < 5
+    # A holder killed mid-fetch frees its claim at once (the kernel drops its locks).
+    ready = ctx.Event()
+    holder = ctx.Process(target=_hold, args=(claims, ready, 60))
+    holder.start()
+    assert ready.wait(10)
+    os.kill(holder.pid or 0, signal.SIGKILL)
+    holder.join()
+    began = time.monotonic()
+    with BlockClaims(claims).hold(2, 5):
+        assert time.monotonic() - began < 1
+    # A stopped holder costs at most the wait bound, never a hang.
+    ready = ctx.Event()
+    holder = ctx.Process(target=_hold, args=(claims, ready, 60))
+    holder.start()
+    assert ready.wait(10)
+    os.kill(holder.pid or 0, signal.SIGSTOP)
+    began = time.monotonic()
+    with BlockClaims(claims).hold(3, 3, wait_s=0.5):
+        assert 0.4 < time.monotonic() - began < 3
+    os.kill(holder.pid or 0, signal.SIGKILL)
+    holder.join()
+
+
+def test_links_of_dead_processes_are_removed(tmp_path: Path) -> None:
+    peers = MemoryPeers(tmp_path)
+    fd = os.memfd_create("mine", os.MFD_CLOEXEC)
+    mine = peers.register("v1-abc/shard.00000.mds", fd)
+    ctx = mp.get_context("fork")
+    child = ctx.Process(target=time.sleep, args=(60,))
+    child.start()
+    dead = tmp_path / f"{mine.name.rpartition('.')[0]}.{child.pid}"
+    os.symlink(f"/proc/{child.pid}/fd/0", dead)
+    assert peers.others("v1-abc/shard.00000.mds") == [dead]  # alive: a peer
+    os.kill(child.pid or 0, signal.SIGKILL)
+    child.join()
+    assert peers.others("v1-abc/shard.00000.mds") == []  # not ours, and gone
+    assert not dead.is_symlink()
+    peers.withdraw("v1-abc/shard.00000.mds", mine)
+    assert not any(tmp_path.iterdir())
+    os.close(fd)
