@@ -169,22 +169,12 @@ def parse_block_digests(hashes: Mapping[str, str], size: int, where: str) -> Blo
     hex digits themselves are checked when a block is verified, not here: an index load
     stays one length check per shard.
     """
-    keys = [key for key in hashes if key.startswith(_PREFIX)]
-    if not keys:
+    found = _digest_key(hashes, _PREFIX, "block digest lists", "block size", where)
+    if found is None:
         return None
-    if len(keys) > 1:
-        raise FormatError(f"{where}: field 'hashes' has several block digest lists {keys}")
-    key = keys[0]
-    algo, _, size_text = key[len(_PREFIX) :].partition(":")
-    try:
-        width = _hex_width(algo)
-    except ConfigError:
-        raise FormatError(f"{where}: field 'hashes' key {key!r}: unknown algorithm") from None
-    if not (size_text.isascii() and size_text.isdigit() and len(size_text) <= 10):
+    key, algo, width, block_size = found
+    if block_size <= 0:
         raise FormatError(f"{where}: field 'hashes' key {key!r}: block size is not a number")
-    if int(size_text) <= 0:
-        raise FormatError(f"{where}: field 'hashes' key {key!r}: block size is not a number")
-    block_size = int(size_text)
     value = hashes[key]
     blocks = -(-size // block_size)
     if not isinstance(value, str) or len(value) != blocks * width:
@@ -218,20 +208,10 @@ class HeaderDigest(NamedTuple):
 def parse_header_digest(hashes: Mapping[str, str], size: int, where: str) -> HeaderDigest | None:
     """The header digest among a file's ``hashes`` (``None`` if it has none); raises
     :class:`FormatError` naming the field for a malformed key or value."""
-    keys = [key for key in hashes if key.startswith(_HEADER_PREFIX)]
-    if not keys:
+    found = _digest_key(hashes, _HEADER_PREFIX, "header digests", "length", where)
+    if found is None:
         return None
-    if len(keys) > 1:
-        raise FormatError(f"{where}: field 'hashes' has several header digests {keys}")
-    key = keys[0]
-    algo, _, length_text = key[len(_HEADER_PREFIX) :].partition(":")
-    try:
-        width = _hex_width(algo)
-    except ConfigError:
-        raise FormatError(f"{where}: field 'hashes' key {key!r}: unknown algorithm") from None
-    if not (length_text.isascii() and length_text.isdigit() and len(length_text) <= 10):
-        raise FormatError(f"{where}: field 'hashes' key {key!r}: length is not a number")
-    length = int(length_text)
+    key, algo, width, length = found
     if not 8 <= length <= size:
         raise FormatError(
             f"{where}: field 'hashes' key {key!r}: header length {length} does not fit a "
@@ -275,6 +255,27 @@ class HeaderHasher:
             return None
         digest = hash_bytes(self.algo, bytes(self._head))
         return header_key(self.algo, self._length), digest
+
+
+def _digest_key(
+    hashes: Mapping[str, str], prefix: str, plural: str, number: str, where: str
+) -> tuple[str, str, int, int] | None:
+    """The one ``<prefix><algo>:<number>`` key of ``hashes``, parsed: ``(key, algo, hex
+    width, number)``; ``None`` if there is none, :class:`FormatError` if it is malformed."""
+    keys = [key for key in hashes if key.startswith(prefix)]
+    if not keys:
+        return None
+    if len(keys) > 1:
+        raise FormatError(f"{where}: field 'hashes' has several {plural} {keys}")
+    key = keys[0]
+    algo, _, text = key[len(prefix) :].partition(":")
+    try:
+        width = _hex_width(algo)
+    except ConfigError:
+        raise FormatError(f"{where}: field 'hashes' key {key!r}: unknown algorithm") from None
+    if not (text.isascii() and text.isdigit() and len(text) <= 10):
+        raise FormatError(f"{where}: field 'hashes' key {key!r}: {number} is not a number")
+    return key, algo, width, int(text)
 
 
 @functools.cache
