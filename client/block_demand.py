@@ -93,8 +93,11 @@ class BlockDemand:
             if not self.ranged(shard) or self._cache.contains(key):
                 return None
             partial = self._partial(shard)
-            if partial.peers is None:  # another process is downloading it: read its blocks
-                partial.peers = functools.partial(_downloads, self._cache.root, key)
+            if partial.offer_to is None:  # another process may be downloading it
+                downloads = functools.partial(_downloads, self._cache.root, key)
+                in_memory = partial.peers  # other processes' early reads of it
+                partial.peers = functools.partial(_both, downloads, in_memory)
+                partial.offer_to = downloads
             return partial
         return self._partial(shard)
 
@@ -195,6 +198,11 @@ def _downloads(root: Path, key: str) -> list[Path]:
     pattern = f"{glob.escape(key_to_name(key))}.*/{glob.escape(leaf_name(key))}"
     published = root / "data" / key_to_name(key)
     return [*sorted((root / "tmp").glob(pattern)), published]
+
+
+def _both(first: Callable[[], list[Path]], second: Callable[[], list[Path]] | None) -> list[Path]:
+    """The files of ``first`` then those of ``second``."""
+    return [*first(), *(second() if second is not None else [])]
 
 
 def _by_shard(

@@ -97,9 +97,9 @@ class PartialShard:
         self.claims: BlockClaims | None = None
         """Node-wide locks over this shard's blocks: a block another process is fetching
         is waited for and copied from its file, not fetched again."""
-        self.offers_to_peers = True
-        """Whether blocks fetched here are also written into the peers' files (the node
-        cache's download files; never another process's memory)."""
+        self.offer_to: Callable[[], list[Path]] | None = None
+        """The node cache's download files of this shard, into which blocks fetched here
+        are also written (never another process's memory)."""
         self.node_shared = False
         """Whether this is the node cache's download file, where other processes of the
         node write verified blocks they fetched (a fill looks there before fetching)."""
@@ -255,8 +255,8 @@ class PartialShard:
             verify = self._digests is not None
             args = (self.store, self.key, self.info, start, end)
             data = read_verified(*args, stats=self._stats, verify=verify)
-            if verify and self.peers is not None and self.offers_to_peers:
-                offer_to_peers(peers, data, start)
+            if verify and self.offer_to is not None:
+                offer_to_peers(self.offer_to(), data, start)
         with self._cond:  # the file may be closed meanwhile: never write a reused fd
             if self.fd < 0:
                 raise StorageError(f"{self.key}: the partial shard was closed")

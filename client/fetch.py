@@ -79,6 +79,8 @@ class ShardFetcher(ShardFills, BlockDemand):
         self._complete: dict[int, ShardReader] = {}
         self._lock = threading.Lock()
         self._ranged: dict[int, bool] = {}
+        self._sparse: set[int] = set()  # ranged shards this rank reads little of: no fill
+        self._peers = MemoryPeers()
         self._started: dict[int, threading.Event] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._pending: dict[int, Future[None]] = {}
@@ -143,8 +145,7 @@ class ShardFetcher(ShardFills, BlockDemand):
                     budget_bytes=self._options.memory_budget_bytes,
                     range_bytes=self._options.range_bytes,
                     stats=self.stats,
-                    # cacheless: the node's processes read each other's fetched blocks
-                    peers=MemoryPeers() if self._cache is None else None,
+                    peers=self._peers,  # the node's processes read each other's blocks
                 )
             return self._memory
 
@@ -172,7 +173,7 @@ class ShardFetcher(ShardFills, BlockDemand):
             if self._cache is None:
                 self._pending[shard] = self._pool_get().submit(self._open_memory, shard)
                 continue
-            if not fills and self.ranged(shard):
+            if (not fills or shard in self._sparse) and self.ranged(shard):
                 continue
             key, _, _, _ = self._fetch_args(shard)
             if self._cache.contains(key):
@@ -232,6 +233,16 @@ class ShardFetcher(ShardFills, BlockDemand):
         if self._memory is not None:
             self._memory.drop(shard)
         return reader
+
+    def read_sparsely(self, shards: set[int]) -> None:
+        """Read ``shards`` by range only, never filling the cache with them whole: shards
+        of which this rank reads a few samples (a partition boundary inside a shard),
+        while another rank reads, and caches, the rest. The blocks of the previous set
+        (an earlier epoch's) are freed."""
+        if self._memory is not None:
+            for shard in self._sparse - shards:
+                self._memory.drop(shard)
+        self._sparse = set(shards)
 
     def release_unused(self, keep: set[int]) -> None:
         """Release least recently used leases beyond ``open_shards``, never one in ``keep``."""

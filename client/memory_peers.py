@@ -83,9 +83,14 @@ class MemoryPeers:
 
     def withdraw(self, key: str, link: Path) -> None:
         """Remove this process's link (its file is being freed), and the shard's claims
-        file once no process holds the shard (a racing reader recreates it: harmless)."""
+        file once no process holds the shard."""
         with contextlib.suppress(OSError):
             link.unlink()
+        self.release(key)
+
+    def release(self, key: str) -> None:
+        """Remove the shard's claims file if no other process holds the shard in memory (a
+        racing reader recreates it: claims only save fetches, never decide correctness)."""
         if not self.others(key):
             with contextlib.suppress(OSError):
                 self.claims(key).path.unlink()

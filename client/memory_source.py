@@ -79,8 +79,11 @@ class MemoryShards:
         """The shard's partial if this process holds one."""
         return self._shards.get(shard)
 
-    def open(self, shard: int, info: ShardInfo, key: str, store: ObjectStore) -> PartialShard:
-        """The shard's partial, created (empty) on first use."""
+    def open(
+        self, shard: int, info: ShardInfo, key: str, store: ObjectStore, *, node_key: str
+    ) -> PartialShard:
+        """The shard's partial, created (empty) on first use. ``node_key`` names the shard
+        on the node (its cache key: the index identity and the shard), for peers."""
         with self._lock:
             partial = self._shards.get(shard)
             if partial is not None:
@@ -99,10 +102,9 @@ class MemoryShards:
                 stats=self._stats,
             )
             if self._peers is not None:  # the node's other processes read what we fetched
-                self._links[shard] = (key, self._peers.register(key, fd))
-                partial.peers = functools.partial(self._peers.others, key)
-                partial.claims = self._peers.claims(key)
-                partial.offers_to_peers = False  # their files are their budget
+                self._links[shard] = (node_key, self._peers.register(node_key, fd))
+                partial.peers = functools.partial(self._peers.others, node_key)
+                partial.claims = self._peers.claims(node_key)
             self._shards[shard] = partial
             return partial
 

@@ -30,6 +30,7 @@ from shardstream.client.source import ResolvedSource
 from shardstream.mds import ShardReader, decompress_shard
 
 if TYPE_CHECKING:
+    from shardstream.client.memory_peers import MemoryPeers
     from shardstream.client.memory_source import MemoryShards
     from shardstream.client.options import CacheOptions
     from shardstream.client.range_queue import RangeQueue
@@ -60,6 +61,7 @@ class ShardFills:
     if TYPE_CHECKING:  # the fetcher's state and helpers this part uses
         _options: CacheOptions
         _memory: MemoryShards | None
+        _peers: MemoryPeers
         _lock: threading.Lock
         _filling: dict[int, PartialShard]
         _complete: dict[int, ShardReader]
@@ -99,6 +101,13 @@ class ShardFills:
             early = self._memory.get(shard) if self._memory is not None else None
             if early is not None:
                 adopt(partial, early)  # blocks read before this fill started: not twice
+            # Blocks still on their way into memory here or in another process of the node
+            # are waited for (the claims) and copied, not fetched again.
+            node_key = source.cache_key(local)
+            peers = self._peers
+            own = [target] + ([early.path] if early is not None else [])
+            partial.peers = lambda: [*own, *peers.others(node_key)]
+            partial.claims = peers.claims(node_key)
             with self._lock:
                 self._filling[shard] = partial
             if started is not None:
@@ -121,6 +130,7 @@ class ShardFills:
                 partial.close_file()
             if self._memory is not None:
                 self._memory.drop(shard)
+            peers.release(node_key)
 
         return fill
 
@@ -144,7 +154,11 @@ class ShardFills:
     def _partial(self, shard: int) -> PartialShard:
         source, local = self.locate(shard)
         return self._memory_get().open(
-            shard, source.shards[local], source.keys[local], source.store()
+            shard,
+            source.shards[local],
+            source.keys[local],
+            source.store(),
+            node_key=source.cache_key(local),
         )
 
 

@@ -24,6 +24,7 @@ from shardstream.client.decode import to_torch
 from shardstream.client.distributed import Topology
 from shardstream.client.fetch import ShardFetcher
 from shardstream.client.memory_need import window_need_bytes
+from shardstream.client.memory_source import block_size_of
 from shardstream.client.options import CacheOptions, PlanOptions
 from shardstream.client.plan import EpochPlan, PlanConfig, SourceSpec
 from shardstream.client.plan._defaults import adopt_saved, default_shape
@@ -36,6 +37,11 @@ __all__ = ["BatchStream", "BatchTransform"]
 
 MAX_CHUNK = 8
 """Batches built per chunk at most (the plan is evaluated for 8 chunks at a time)."""
+
+FILL_MIN_SHARE = 0.2
+"""The cache fills a ranged shard whole unless this rank's samples of it lie in fewer than
+this share of its blocks: it then reads those blocks by range (a partition boundary inside
+a shard, whose other side another node reads and caches)."""
 
 
 _Chunk = tuple[list[int], np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]
@@ -86,6 +92,7 @@ class BatchStream:
             parts, window = plan.num_partitions, None
         self.config = self._config(parts, plan.window or window)
         self._shard_bytes = [info.raw_data.bytes for src in self.sources for info in src.shards]
+        self._shard_samples = [info.samples for src in self.sources for info in src.shards]
         self._plan: EpochPlan | None = None
         self._builder = BatchBuilder(spec)
         self._fetcher: ShardFetcher | None = None
@@ -201,6 +208,8 @@ class BatchStream:
         where = {int(s): i for i, s in enumerate(order.tolist())}
         ahead = self.cache_options.prefetch_shards
         cursor = -1
+        if not self.cache_options.memory_only:  # shards this rank reads little of: no fill
+            fetcher.read_sparsely(self._sparse_shards(plan))
         if self.cache_options.memory_only:  # refuse a budget that would thrash, before reads
             shards, _, last = plan.rank_schedule(rank, world, start)
             last_of = dict(zip(shards.tolist(), last.tolist(), strict=True))
@@ -231,6 +240,32 @@ class BatchStream:
         while window:
             cursor, out = self._build(fetcher, window.popleft(), order, where, cursor, alloc=alloc)
             yield out
+
+    def _sparse_shards(self, plan: EpochPlan) -> set[int]:
+        """Shards of which this rank reads so few samples that their blocks cost less
+        than :data:`FILL_MIN_SHARE` of the shard: read by block, never filled whole.
+
+        A rank's partitions hold whole shards but at their edges (the epoch's tail,
+        uneven shards), where it reads ``k`` samples of a shard another rank reads nearly
+        all of. Those ``k`` samples lie anywhere in the shard, so they touch about
+        ``n (1 - (1 - 1/n)^k)`` of its ``n`` blocks."""
+        shards, share = plan.rank_shard_shares(self.topology.rank, self.topology.world_size)
+        sparse = set()
+        for shard, part in zip(shards.tolist(), share.tolist(), strict=True):
+            if part >= FILL_MIN_SHARE:
+                continue
+            blocks = max(1, -(-self._shard_bytes[shard] // self._block_bytes(shard)))
+            samples = part * self._shard_samples[shard]
+            if 1 - (1 - 1 / blocks) ** samples < FILL_MIN_SHARE:
+                sparse.add(shard)
+        return sparse
+
+    def _block_bytes(self, shard: int) -> int:
+        for src in self.sources:
+            if shard < len(src.shards):
+                return block_size_of(src.shards[shard])
+            shard -= len(src.shards)
+        raise IndexError(shard)
 
     def _build(
         self,

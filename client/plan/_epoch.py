@@ -31,7 +31,7 @@ from shardstream.client.plan._bijection import derive_key, permute
 from shardstream.client.plan._config import PlanConfig, SourceSpec
 from shardstream.client.plan._mixing import mix_positions
 from shardstream.client.plan._mixture import SpanTable, build_spans, source_totals
-from shardstream.client.plan._schedule import PlanView, rank_schedule
+from shardstream.client.plan._schedule import PlanView, rank_schedule, rank_shard_items
 from shardstream.client.plan._state import PlanState, plan_fingerprint
 from shardstream.errors import PlanError
 
@@ -294,6 +294,15 @@ class EpochPlan:
             partition_batch_size=self.config.partition_batch_size,
             block=self.block if self.config.shuffle else 1,
         )
+
+    def rank_shard_shares(self, rank: int, world_size: int) -> tuple[I64, NDArray[np.float64]]:
+        """``(shards, share)``: the shards ``rank`` reads over the epoch and the fraction of
+        each one's samples it reads (1.0: all of them). A cache fills a shard whole only
+        where the rank reads a good part of it."""
+        parts, lo, hi = self.rank_layout(rank, world_size)
+        shards, items = rank_shard_items(self._view(), parts, lo, hi)
+        sizes = np.diff(self.shard_starts)[shards]
+        return shards, np.minimum(items / np.maximum(sizes, 1), 1.0)
 
     def rank_shards(self, rank: int, world_size: int, start_batch: int = 0) -> I64:
         """Global shard indices ``rank`` reads from ``start_batch`` on, in need order.

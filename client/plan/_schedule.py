@@ -92,3 +92,24 @@ def rank_schedule(view: PlanView, parts: I64, lo: I64, start_batch: int) -> tupl
     np.maximum.at(last_per, inverse, last_all)
     keep = np.sort(where)
     return shard_all[keep], first_all[keep], last_per[inverse[keep]]
+
+
+def rank_shard_items(view: PlanView, parts: I64, lo: I64, hi: I64) -> tuple[I64, I64]:
+    """``(shards, items)``: how many of each shard's samples a rank reading slots
+    ``[lo, hi)`` of ``parts`` reads over the epoch (rounded down; shards it never reads are
+    absent). A rank's partitions cover whole shards except where a partition boundary
+    falls inside one (the epoch's tail, uneven shards): there it reads a few samples of a
+    shard that another rank reads nearly all of."""
+    q, s = view.partition_batch_size, view.partition_size
+    shards, items = [], []
+    for p, a, b in zip(parts.tolist(), lo.tolist(), hi.tolist(), strict=True):
+        spans, starts, ends = spans_between(view, p * s, (p + 1) * s)
+        shards.append(view.span_shard[spans])
+        items.append((ends - starts) * (b - a) // q)
+    if not shards:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty
+    uniq, inverse = np.unique(np.concatenate(shards), return_inverse=True)
+    total = np.zeros(uniq.size, dtype=np.int64)
+    np.add.at(total, inverse, np.concatenate(items))
+    return uniq.astype(np.int64), total

@@ -53,6 +53,7 @@ def test_blocks_in_a_peer_download_are_not_fetched_again(
         stats=stats,
     )
     partial.peers = lambda: [tmp_path / "tmp" / "gone.mds", peer]
+    partial.offer_to = lambda: [peer]  # a download file: what this process fetches goes in
     try:
         partial.wait(np.arange(partial.num_blocks, dtype=np.int64))
         assert os.pread(fd, len(full) + 1, 0) == full

@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 
 from shardstream.client import CacheOptions, PlanOptions, StreamingDataset
+from shardstream.client.distributed import Topology
 from shardstream.client.ranges import blocks_of_samples, blocks_of_spans, coalesce
 from shardstream.errors import HashMismatchError
-from shardstream.mds import MDSWriter, load_index
+from shardstream.mds import MDSIndex, MDSWriter, load_index, write_shard_arrays
 from shardstream.storage import open_store
 from tests.fixtures.cloud_emulator import CloudEmulator
 from tests.fixtures.cloud_emulator_fixture import _cloud_emulator_process, cloud_emulator
@@ -233,3 +234,51 @@ def test_a_shard_opens_with_its_header_bytes_not_a_block(
         next(iter(bad))
     ds.stream.close()
     bad.stream.close()
+
+
+def test_nodes_fill_only_the_shards_they_read_most_of(
+    s3_bucket: S3Bucket,
+    tmp_path: Path,
+    cloud_emulator: CloudEmulator,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 16 shards of 151 samples of one 4 KiB block each; 4 ranks of batch 8 drop a 16-sample
+    # tail, so partition boundaries fall a few samples inside shards: each rank reads ~4
+    # shards whole and a few samples of its neighbours' shards, which it must read by
+    # block, not fill (fetch) whole.
+    folder, tokens = tmp_path / "nodes", 2048 - 8
+    columns = {"id": "int64", "tokens": f"ndarray:uint16:{tokens}"}
+    shards = []
+    for k in range(16):
+        ids = np.arange(k * 151, (k + 1) * 151)
+        rows = np.repeat(ids[:, None], tokens, axis=1).astype(np.uint16)
+        arrays = {"id": ids, "tokens": rows}
+        name = f"shard.{k:05d}.mds"
+        shards.append(write_shard_arrays(folder, name, columns, arrays, block_size=4096))
+    MDSIndex(shards=shards).write(folder / "index.json")
+    total = _upload(folder, f"{s3_bucket.url}/nodes")
+    url = f"{s3_bucket.url}/nodes/index.json"
+    _through(cloud_emulator, monkeypatch)
+    cloud_emulator.reset()
+    seen: list[int] = []
+    sparse = 0
+    for rank in range(4):
+        ds = StreamingDataset(
+            url,
+            8,
+            cache=CacheOptions(dir=tmp_path / f"node{rank}"),
+            plan=PlanOptions(seed=3),
+            topology=Topology(rank=rank, world_size=4),
+        )
+        _, share = ds.stream.plan(0).rank_shard_shares(rank, 4)
+        sparse += int(np.count_nonzero(share < 0.2))
+        for batch in ds:
+            assert batch["tokens"][:, 0].tolist() == [i % 65536 for i in batch["id"].tolist()]
+            seen += batch["id"].tolist()
+        ds.stream.close(finish_fills_s=30)
+    assert sparse >= 3  # the boundaries do fall inside shards
+    assert len(seen) == len(set(seen)) == 16 * 151 - 16
+    # Shard bytes served (every rank reads the index): filling every touched shard would
+    # fetch (16 + sparse) / 16 of the dataset.
+    served = cloud_emulator.stats()["body_bytes"] - 4 * (folder / "index.json").stat().st_size
+    assert served <= 1.05 * total, (served, total)
