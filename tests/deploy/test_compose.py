@@ -1,12 +1,16 @@
 """docker-compose.yml is valid and gives the server an environment it starts with.
 
-No Docker engine runs here, so the file is checked with Debian's ``docker-compose
-config`` (the same parser Docker users run), and the server is started directly with the
-environment the compose file gives it, against the local PostgreSQL.
+No Docker engine runs here. The file is validated against the Compose specification's
+JSON schema (``compose_spec.json``, vendored from docker-compose 1.29, Apache-2.0), and,
+where ``docker-compose`` is installed (``.ci/run`` installs Debian's package), also parsed
+with ``docker-compose config``, the same parser Docker users run; a fresh machine without
+it still runs every test. The server is started directly with the environment the compose
+file gives it, against the local PostgreSQL.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -18,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import pytest
 import yaml
 from sqlalchemy import create_engine, text
@@ -30,8 +35,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def compose() -> dict[str, Any]:
+    raw: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    schema = json.loads((Path(__file__).with_name("compose_spec.json")).read_text())
+    errors = sorted(jsonschema.Draft201909Validator(schema).iter_errors(raw), key=str)
+    assert not errors, [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors]
     docker_compose = shutil.which("docker-compose")
-    assert docker_compose, "docker-compose is not installed (.ci/run installs Debian's package)"
+    if docker_compose is None:
+        return raw  # the file is already in the long forms `config` would print
     result = subprocess.run(
         [docker_compose, "-f", str(REPO / "docker-compose.yml"), "config"],
         capture_output=True,
@@ -42,6 +52,15 @@ def compose() -> dict[str, Any]:
     assert result.returncode == 0, result.stderr
     config: dict[str, Any] = yaml.safe_load(result.stdout)
     return config
+
+
+def test_the_schema_check_catches_a_broken_file() -> None:
+    schema = json.loads((Path(__file__).with_name("compose_spec.json")).read_text())
+    raw = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    raw["services"]["server"]["depends_on"] = {"migrate": {"condition": "when_it_feels_like_it"}}
+    raw["services"]["server"]["ports"] = [{"published": "not a port", "bogus": 1}]
+    errors = list(jsonschema.Draft201909Validator(schema).iter_errors(raw))
+    assert len(errors) >= 2
 
 
 def test_services_and_startup_order(compose: dict[str, Any]) -> None:
