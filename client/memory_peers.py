@@ -30,6 +30,7 @@ import errno
 import fcntl
 import glob
 import os
+import stat
 import struct
 import tempfile
 import time
@@ -52,23 +53,33 @@ class MemoryPeers:
     def __init__(self, root: Path | None = None) -> None:
         base = Path(tempfile.gettempdir()) / f"shardstream-{os.getuid()}"
         self.root = root if root is not None else base / "memory-peers"
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._pid = os.getpid()
+        self.shared = _private_dirs(base, self.root) if root is None else _private_dirs(root)
+        """Whether the folder is usable: this user's own, not writable by others (else a
+        process reads and claims alone, as if no peer existed)."""
 
-    def claims(self, key: str) -> BlockClaims:
+    def claims(self, key: str) -> BlockClaims | None:
         """The claims file of shard ``key``, shared by the node's processes."""
-        return BlockClaims(self.root / f"{key_to_name(key)}.claims")
+        return BlockClaims(self.root / f"{key_to_name(key)}.claims") if self.shared else None
 
-    def register(self, key: str, fd: int) -> Path:
-        """Announce this process's memory file ``fd`` of shard ``key``; returns the link."""
+    def register(self, key: str, fd: int) -> Path | None:
+        """Announce this process's memory file ``fd`` of shard ``key``; returns the link
+        (``None`` where the folder is not usable)."""
+        if not self.shared:
+            return None
         link = self.root / f"{key_to_name(key)}.{self._pid}"
-        with contextlib.suppress(FileNotFoundError):
-            link.unlink()  # a link left by a dead process that had this pid
-        os.symlink(f"/proc/{self._pid}/fd/{fd}", link)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                link.unlink()  # a link left by a dead process that had this pid
+            os.symlink(f"/proc/{self._pid}/fd/{fd}", link)
+        except OSError:
+            return None
         return link
 
     def others(self, key: str) -> list[Path]:
         """The memory files of shard ``key`` that other live processes announced."""
+        if not self.shared:
+            return []
         found = []
         for path in glob.glob(f"{glob.escape(str(self.root / key_to_name(key)))}.*"):
             pid_text = path.rpartition(".")[2]
@@ -81,19 +92,21 @@ class MemoryPeers:
             found.append(Path(path))
         return found
 
-    def withdraw(self, key: str, link: Path) -> None:
+    def withdraw(self, key: str, link: Path | None) -> None:
         """Remove this process's link (its file is being freed), and the shard's claims
         file once no process holds the shard."""
-        with contextlib.suppress(OSError):
-            link.unlink()
+        if link is not None:
+            with contextlib.suppress(OSError):
+                link.unlink()
         self.release(key)
 
     def release(self, key: str) -> None:
         """Remove the shard's claims file if no other process holds the shard in memory (a
         racing reader recreates it: claims only save fetches, never decide correctness)."""
-        if not self.others(key):
+        claims = self.claims(key)
+        if claims is not None and not self.others(key):
             with contextlib.suppress(OSError):
-                self.claims(key).path.unlink()
+                claims.path.unlink()
 
 
 class BlockClaims:
@@ -107,7 +120,7 @@ class BlockClaims:
         """Hold blocks ``first..last`` (inclusive) while the body fetches them; waits while
         another process holds any of them (at most ``wait_s``, then goes on regardless)."""
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         except OSError:
             yield  # no claims (e.g. a read-only temp dir): fetch without them
             return
@@ -128,3 +141,18 @@ class BlockClaims:
             yield
         finally:
             os.close(fd)  # releases the lock (it belongs to this open file description)
+
+
+def _private_dirs(*dirs: Path) -> bool:
+    """Create ``dirs`` (mode 0700) and check each is a real folder of this user that no
+    other user can write: another user's folder could hand this process planted links
+    (harmless, every block is verified, but wasted reads) or stall its claims."""
+    try:
+        for folder in dirs:
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            st = os.lstat(folder)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+                return False
+    except OSError:
+        return False
+    return True

@@ -64,7 +64,7 @@ class MemoryShards:
     ) -> None:
         self._queue = queue
         self._peers = peers
-        self._links: dict[int, tuple[str, Path]] = {}
+        self._links: dict[int, tuple[str, Path | None]] = {}
         self._budget = budget_bytes
         self._range_bytes = range_bytes
         self._stats = stats

@@ -4,6 +4,7 @@ blocks instead of fetching them again; a dead or stopped peer never holds a read
 
 from __future__ import annotations
 
+import glob
 import multiprocessing as mp
 import os
 import signal
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from shardstream.client import CacheOptions, PlanOptions, ShardstreamLoader, StreamingDataset
+from shardstream.client.cache_keys import key_to_name
 from shardstream.client.memory_peers import BlockClaims, MemoryPeers
 from tests.client.test_ranged_reads import N, _through, _upload, _write, tokens_of
 from tests.fixtures.cloud_emulator import CloudEmulator
@@ -21,10 +23,15 @@ from tests.fixtures.s3 import S3Bucket
 
 __all__ = ["_cloud_emulator_process", "cloud_emulator"]
 
+_NAMES: list[str] = []  # the node names of the last dataset read
+
 
 def _read_ids(url: str, workers: int) -> list[int]:
     cache = CacheOptions(memory_only=True, memory_budget_bytes=64 << 20)
     ds = StreamingDataset(url, 8, cache=cache, plan=PlanOptions(seed=5))
+    _NAMES[:] = [
+        key_to_name(s.cache_key(i)) for s in ds.stream.sources for i in range(len(s.shards))
+    ]
     ids: list[int] = []
     with ShardstreamLoader(ds, num_workers=workers) as loader:
         for batch in loader:
@@ -53,7 +60,8 @@ def test_two_workers_fetch_the_dataset_about_once(
     assert both == alone  # the same sequence, whoever fetched the bytes
     # Without sharing each worker fetches every block it uses: about 2x the dataset.
     assert served <= 1.2 * total, (served, total)
-    assert not list(MemoryPeers().root.glob("*shard.*"))  # links and claims withdrawn
+    left = [p for n in _NAMES for p in MemoryPeers().root.glob(f"{glob.escape(n)}.*")]
+    assert not left  # links and claims withdrawn
 
 
 def _hold(path: Path, ready: mp.synchronize.Event, seconds: float) -> None:
@@ -116,3 +124,18 @@ def test_links_of_dead_processes_are_removed(tmp_path: Path) -> None:
     peers.withdraw("v1-abc/shard.00000.mds", mine)
     assert not any(tmp_path.iterdir())
     os.close(fd)
+
+
+def test_a_folder_others_can_write_is_not_used(tmp_path: Path) -> None:
+    open_to_all = tmp_path / "peers"
+    open_to_all.mkdir()
+    open_to_all.chmod(0o777)
+    peers = MemoryPeers(open_to_all)
+    assert not peers.shared
+    fd = os.memfd_create("mine", os.MFD_CLOEXEC)
+    assert peers.register("v1-abc/shard.00000.mds", fd) is None
+    assert peers.others("v1-abc/shard.00000.mds") == []
+    assert peers.claims("v1-abc/shard.00000.mds") is None
+    assert not any(open_to_all.iterdir())
+    os.close(fd)
+    assert MemoryPeers(tmp_path / "mine").shared  # a fresh private folder is
