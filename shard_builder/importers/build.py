@@ -54,6 +54,7 @@ class ImportConfig(OutputOptions):
     inputs: tuple[str, ...] = ()
     skip_bad: bool = False
     value_format: str = "raw"
+    allow_pickle: bool = False
     split: str = "train"
 
     def __post_init__(self) -> None:
@@ -63,13 +64,17 @@ class ImportConfig(OutputOptions):
             raise ConfigError(f"import format {self.format!r}: choose from {', '.join(FORMATS)}")
         if not self.inputs:
             raise ConfigError(f"import {self.format}: give at least one source")
-        if self.value_format == "pickle":
+        if self.value_format == "pickle" and not self.allow_pickle:
             raise ConfigError(
-                "value-format pickle: pickled values are never unpickled (loading a pickle "
-                "runs whatever code it holds); convert them to raw, json or npy first"
+                "value-format pickle: pickled values are unpickled only with --allow-pickle "
+                "(allow_pickle=True). Loading a pickle runs whatever code it holds, with your "
+                "permissions: allow it only for a database you wrote yourself or trust as "
+                "you trust your own code; else convert the values to raw, json or npy first"
             )
-        if self.value_format not in ("raw", "json", "npy"):
-            raise ConfigError(f"value-format {self.value_format!r}: choose raw, json or npy")
+        if self.value_format not in ("raw", "json", "npy", "pickle"):
+            raise ConfigError(
+                f"value-format {self.value_format!r}: choose raw, json, npy or pickle"
+            )
         if self.value_format != "raw" and self.format != "lmdb":
             raise ConfigError("value-format applies to lmdb imports only")
 

@@ -40,8 +40,14 @@ def register(subparsers: Any) -> None:
         "--value-format",
         choices=["raw", "json", "npy", "pickle"],
         default="raw",
-        help="lmdb: how values are stored (default raw bytes); pickle is refused: a pickle "
-        "runs whatever code it holds, so pickled values are never loaded",
+        help="lmdb: how values are stored (default raw bytes); pickle needs --allow-pickle",
+    )
+    parser.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="lmdb: unpickle values (--value-format pickle). Loading a pickle runs whatever "
+        "code it holds, with your permissions: use it only for a database you wrote "
+        "yourself or trust as you trust your own code",
     )
     _add_output_options(parser)
     parser.set_defaults(handler=_run_import)
@@ -56,6 +62,7 @@ def _run_import(args: argparse.Namespace) -> int:
             inputs=tuple(args.inputs),
             skip_bad=args.skip_bad,
             value_format=args.value_format,
+            allow_pickle=args.allow_pickle,
             split=args.split,
             **_output_options(args, output),
         )

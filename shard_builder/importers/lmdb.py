@@ -1,8 +1,11 @@
 """LMDB databases: each entry becomes ``{key: bytes, value: ...}``, in key order.
 
 ``value_format`` says how values are stored: ``raw`` (bytes as they are), ``json`` (parsed
-JSON) or ``npy`` (a ``.npy`` array, loaded without pickle). Pickled values are never
-unpickled (a pickle can run any code): convert them first. A source is an LMDB folder (with
+JSON), ``npy`` (a ``.npy`` array, loaded without pickle) or ``pickle``. Pickled values are
+unpickled only when the user passed ``--allow-pickle`` (the config refuses ``pickle``
+otherwise: a pickle runs whatever code it holds); each one must be bytes, str, int, float,
+a numpy array, or JSON-like (dict, list, None), which become ``bytes``, ``str``, ``int``,
+``float64``, ``ndarray`` and ``json`` columns. A source is an LMDB folder (with
 ``data.mdb``) or a ``.mdb`` file; a value that does not parse is one error naming the
 database and key.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import pickle
 from collections.abc import Iterator
 
 import numpy as np
@@ -19,7 +23,7 @@ import numpy as np
 from shardstream.errors import InputError
 from shardstream.shard_builder.importers.source import Column, ImportFormat, Record, SourceUnit
 
-VALUE_FORMATS = ("raw", "json", "npy")
+VALUE_FORMATS = ("raw", "json", "npy", "pickle")
 
 
 def plan(inputs: tuple[str, ...], option: str = "") -> list[SourceUnit]:
@@ -41,9 +45,39 @@ def _value(fmt: str, data: bytes, where: str) -> Column:
             return "json", json.loads(data)
         if fmt == "npy":
             return "ndarray", np.load(io.BytesIO(data), allow_pickle=False)
+        if fmt == "pickle":  # the config allows it only with --allow-pickle
+            try:
+                value = pickle.loads(data)
+            except Exception as exc:  # a pickle can fail in any way (missing classes, ...)
+                raise InputError(f"{where}: the value does not unpickle ({exc!r})") from exc
+            return _unpickled(value, where)
     except (ValueError, UnicodeDecodeError, EOFError) as exc:
         raise InputError(f"{where}: the value is not {fmt} ({exc})") from exc
     return "bytes", data
+
+
+def _unpickled(value: object, where: str) -> Column:
+    """The column of an unpickled value (one clear error for a type MDS cannot hold)."""
+    if isinstance(value, (bytes, bytearray)):
+        return "bytes", bytes(value)
+    if isinstance(value, str):
+        return "str", value
+    if isinstance(value, (bool, int, np.integer)):
+        return "int", int(value)
+    if isinstance(value, (float, np.floating)):
+        return "float64", float(value)
+    if isinstance(value, np.ndarray):
+        return "ndarray", value
+    if value is None or isinstance(value, (dict, list)):
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"{where}: the unpickled value is not JSON-like ({exc})") from exc
+        return "json", value
+    raise InputError(
+        f"{where}: the unpickled value is a {type(value).__module__}.{type(value).__name__}; "
+        "an MDS column holds bytes, str, int, float, a numpy array or JSON-like values"
+    )
 
 
 def read(unit: SourceUnit) -> Iterator[Record]:
