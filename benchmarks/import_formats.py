@@ -1,12 +1,13 @@
 """Import throughput: ``shardstream import`` beside reading the same source with its own library.
 
 For each format a source is generated here with that format's own writer
-(``webdataset.ShardWriter``, ``tfrecord.TFRecordWriter``, ``lmdb``): samples of a small
-JPEG-sized byte payload, an int label and a text caption. "library read" iterates every
-record with the format's library alone (WebDataset without decoders, ``tfrecord_loader``,
-an LMDB cursor); "import" is the whole ``build_import`` (read, schema check, encode, write
-shards with hashes) with 1 worker and with all cores. The ratio import / library read is
-what the issue asks to keep at or above 0.8.
+(``webdataset.ShardWriter``, ``tfrecord.TFRecordWriter``, ``lmdb``, ``litdata.optimize``):
+samples of a small JPEG-sized byte payload, an int label and a text caption. "library read"
+iterates every record with the format's library alone (WebDataset without decoders,
+``tfrecord_loader``, an LMDB cursor, LitData's ``StreamingDataset`` in order); "import" is
+the whole ``build_import`` (read, schema check, encode, write shards with hashes) with 1
+worker and with all cores. The ratio import / library read is what the issue asks to keep
+at or above 0.8.
 
     python benchmarks/import_formats.py              # 20,000 samples of 4 KB
     python benchmarks/import_formats.py --samples 2000 --payload 1024
@@ -15,6 +16,7 @@ what the issue asks to keep at or above 0.8.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import tempfile
@@ -98,6 +100,25 @@ def _lmdb(root: Path, n: int, size: int) -> tuple[str, Callable[[], int]]:
     return str(root / "db"), read
 
 
+def _litdata_item(size: int, i: int) -> dict[str, object]:
+    rng = np.random.default_rng(i)
+    return {"bin": _payload(rng, size), "cls": i % 1000, "txt": f"caption {i}"}
+
+
+def _litdata(root: Path, n: int, size: int) -> tuple[str, Callable[[], int]]:
+    from litdata import StreamingDataset, optimize
+
+    out = root / "optimized"
+    optimize(fn=functools.partial(_litdata_item, size), inputs=list(range(n)), output_dir=str(out),
+             chunk_bytes="64MB", num_workers=1, verbose=False)  # fmt: skip
+
+    def read() -> int:
+        ds = StreamingDataset(str(out), shuffle=False)
+        return sum(1 for i in range(len(ds)) if ds[i] is not None)
+
+    return str(out), read
+
+
 def _timed(fn: Callable[[], int]) -> tuple[float, int]:
     started = time.perf_counter()
     count = fn()
@@ -114,7 +135,13 @@ def main() -> None:
     cores = os.cpu_count() or 1
     print(f"{args.samples:,} samples of {args.payload} B, {cores} cores")
     print(f"{'format':<12}{'reader':<22}{'records/s':>12}{'MB/s':>9}{'vs library':>12}")
-    for name, make in (("webdataset", _webdataset), ("tfrecord", _tfrecord), ("lmdb", _lmdb)):
+    formats = (
+        ("webdataset", _webdataset),
+        ("tfrecord", _tfrecord),
+        ("lmdb", _lmdb),
+        ("litdata", _litdata),
+    )
+    for name, make in formats:
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp) / "src"
             root.mkdir()

@@ -104,5 +104,5 @@ def test_import_formats_compares_every_format_with_its_library() -> None:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=280, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [line.split() for line in done.stdout.splitlines()[2:] if line.strip()]
-    assert sorted({r[0] for r in rows}) == ["lmdb", "tfrecord", "webdataset"]
+    assert sorted({r[0] for r in rows}) == ["litdata", "lmdb", "tfrecord", "webdataset"]
     assert all(r[-1].endswith("x") and float(r[-1][:-1]) > 0 for r in rows), done.stdout

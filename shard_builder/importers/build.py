@@ -56,6 +56,7 @@ class ImportConfig(OutputOptions):
     value_format: str = "raw"
     allow_pickle: bool = False
     split: str = "train"
+    seq_len: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -75,6 +76,8 @@ class ImportConfig(OutputOptions):
             raise ConfigError(
                 f"value-format {self.value_format!r}: choose raw, json, npy or pickle"
             )
+        if self.seq_len is not None and (self.format != "litdata" or self.seq_len < 1):
+            raise ConfigError("seq-len applies to litdata token imports and must be >= 1")
         if self.value_format != "raw" and self.format != "lmdb":
             raise ConfigError("value-format applies to lmdb imports only")
 
@@ -188,7 +191,9 @@ def build_import(config: ImportConfig) -> BuildResult:
     """
     started = time.perf_counter()
     fmt = get_format(config.format)
-    option = config.value_format if config.format == "lmdb" else config.split
+    option = {"lmdb": config.value_format, "litdata": str(config.seq_len or "")}.get(
+        config.format, config.split
+    )
     units = [replace(u, option=option) for u in fmt.plan(config.inputs, option)]
     if not units:
         raise InputError(f"import {config.format}: no input files in {', '.join(config.inputs)}")

@@ -10,14 +10,14 @@ from typing import Any
 
 from shardstream.shard_builder.cli import _add_output_options, _output_options, _run
 
-_FORMATS = ("webdataset", "tfrecord", "lmdb", "hf")
+_FORMATS = ("webdataset", "tfrecord", "lmdb", "hf", "litdata")
 
 
 def register(subparsers: Any) -> None:
     """Add the ``import`` command."""
     parser = subparsers.add_parser(
         "import",
-        help="import a WebDataset, TFRecord, LMDB or Hugging Face dataset as MDS shards",
+        help="import a WebDataset, TFRecord, LMDB, Hugging Face or LitData dataset as MDS shards",
         description="Convert a dataset in another tool's format into MDS shards, losslessly: "
         "every sample is checked against the schema of the first one.",
     )
@@ -49,6 +49,13 @@ def register(subparsers: Any) -> None:
         "code it holds, with your permissions: use it only for a database you wrote "
         "yourself or trust as you trust your own code",
     )
+    parser.add_argument(
+        "--seq-len",
+        type=int,
+        default=None,
+        help="litdata token datasets (TokensLoader): the block_size your training reads them "
+        "with; each block becomes one sample",
+    )
     _add_output_options(parser)
     parser.set_defaults(handler=_run_import)
 
@@ -64,6 +71,7 @@ def _run_import(args: argparse.Namespace) -> int:
             value_format=args.value_format,
             allow_pickle=args.allow_pickle,
             split=args.split,
+            seq_len=args.seq_len,
             **_output_options(args, output),
         )
         return build_import(config)

@@ -12,6 +12,7 @@ FORMATS: dict[str, str] = {
     "tfrecord": "shardstream.shard_builder.importers.tfrecord",
     "lmdb": "shardstream.shard_builder.importers.lmdb",
     "hf": "shardstream.shard_builder.importers.hf",
+    "litdata": "shardstream.shard_builder.importers.litdata",
 }
 
 

@@ -1,0 +1,136 @@
+"""LitData optimized datasets (``litdata.optimize`` output): general items and token chunks.
+
+A source is an optimized folder (its ``index.json`` lists the chunks) or an ``s3://``
+prefix, which is copied to a local folder first (with the store's own verified downloads).
+Items are read with LitData's own ``StreamingDataset`` in order (``shuffle=False``), so the
+samples are exactly what a LitData user trains on:
+
+* **General items** (``PyTreeLoader``): a dict becomes one column per key; a single value
+  one column ``value``. ``int`` -> ``int``, ``float`` -> ``float64``, ``str`` -> ``str``,
+  ``bytes`` -> ``bytes``, numpy arrays and torch tensors -> ``ndarray``, lists, dicts and
+  ``None`` -> ``json``; any other type (e.g. a decoded image) is one error naming the item.
+* **Token chunks** (``TokensLoader``): LitData cuts the token stream into blocks of the
+  ``block_size`` the reader asks for, which the folder does not record; ``--seq-len N``
+  gives it. Each block becomes a ``tokens`` sample of ``ndarray:<dtype>:N``, the layout
+  ``shardstream build text`` writes, so the token path reads it without re-tokenizing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardstream.errors import InputError
+from shardstream.shard_builder.importers.source import Column, ImportFormat, Record, SourceUnit
+
+_COPIES: dict[str, str] = {}  # s3:// prefix -> local copy (one per process)
+
+
+def plan(inputs: tuple[str, ...], option: str = "") -> list[SourceUnit]:
+    units = []
+    for arg in inputs:
+        folder = _local(arg)
+        index = Path(folder) / "index.json"
+        try:
+            meta = json.loads(index.read_text())
+            chunks = meta["chunks"]
+            loader = meta["config"].get("item_loader")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise InputError(f"{arg}: not a LitData optimized folder ({index}: {exc})") from exc
+        if loader == "TokensLoader" and not option:
+            raise InputError(
+                f"{arg}: a LitData token dataset (TokensLoader) does not record its block "
+                "size; give --seq-len N, the block_size your training reads it with"
+            )
+        if loader not in ("TokensLoader", "PyTreeLoader", None):
+            raise InputError(f"{arg}: LitData item loader {loader!r} is not supported")
+        size = sum(int(c.get("chunk_bytes", 0)) for c in chunks)
+        units.append(SourceUnit(arg, size, int(index.stat().st_mtime_ns)))
+    return units
+
+
+def _local(source: str) -> str:
+    """A local folder holding ``source`` (an ``s3://`` prefix is copied once)."""
+    if "://" not in source:
+        return os.path.abspath(source)
+    if source not in _COPIES:
+        from shardstream.storage import open_store
+
+        store = open_store(source)
+        dest = Path(tempfile.mkdtemp(prefix="shardstream-litdata-"))
+        for key, size in store.list(""):
+            if "/" in key.strip("/"):
+                continue  # the optimized folder is flat
+            store.download(key, dest / key, expected_size=size)
+        _COPIES[source] = str(dest)
+    return _COPIES[source]
+
+
+def read(unit: SourceUnit) -> Iterator[Record]:
+    from litdata import StreamingDataset, TokensLoader
+
+    logging.getLogger("litdata").setLevel(logging.WARNING)  # not one INFO line per open
+
+    folder = _local(unit.path)
+    meta = json.loads((Path(folder) / "index.json").read_text())
+    tokens = meta["config"].get("item_loader") == "TokensLoader"
+    try:
+        if tokens:
+            seq_len = int(unit.option)
+            ds = StreamingDataset(folder, item_loader=TokensLoader(block_size=seq_len))
+        else:
+            ds = StreamingDataset(folder, shuffle=False)
+    except Exception as exc:  # LitData raises its own and plain errors alike
+        raise InputError(f"{unit.path}: LitData cannot open the dataset ({exc})") from exc
+    for i in range(len(ds)):
+        where = f"{unit.path} item {i}"
+        try:
+            item = ds[i]
+        except Exception as exc:
+            raise InputError(f"{where}: LitData cannot read it ({exc})") from exc
+        if tokens:
+            arr = _array(item)
+            yield where, {"tokens": (f"ndarray:{arr.dtype.name}:{seq_len}", arr)}
+        elif isinstance(item, dict):
+            yield where, {str(k): _column(v, f"{where} key {k!r}") for k, v in item.items()}
+        else:
+            yield where, {"value": _column(item, where)}
+
+
+def _array(value: Any) -> np.ndarray[Any, Any]:
+    if hasattr(value, "numpy"):  # a torch tensor
+        return np.asarray(value.numpy())
+    return np.asarray(value)
+
+
+def _column(value: Any, where: str) -> Column:
+    if isinstance(value, bool | int | np.integer):
+        return "int", int(value)
+    if isinstance(value, float | np.floating):
+        return "float64", float(value)
+    if isinstance(value, str):
+        return "str", value
+    if isinstance(value, bytes | bytearray | memoryview):
+        return "bytes", bytes(value)
+    if isinstance(value, np.ndarray) or hasattr(value, "numpy"):
+        return "ndarray", _array(value)
+    if value is None or isinstance(value, list | dict):
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"{where}: the value is not JSON-like ({exc})") from exc
+        return "json", value
+    raise InputError(
+        f"{where}: a {type(value).__module__}.{type(value).__name__}; an MDS column holds "
+        "int, float, str, bytes, arrays or JSON-like values"
+    )
+
+
+FORMAT = ImportFormat("litdata", plan, read)
