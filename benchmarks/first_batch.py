@@ -1,7 +1,7 @@
 """Time to the first batch, cold, through the cloud emulator: whole shards vs block ranges.
 
-One process (``--workers N``: a ShardstreamLoader with N workers), batch 32 of 2,048 x uint16 tokens, a shuffled epoch,
-empty caches; the emulator models S3 (20 ms to first byte, 90 MB/s per connection).
+One process (``--workers N``: a ShardstreamLoader with N workers), batch 32 of 2,048 x
+uint16 tokens, a shuffled epoch, empty caches; the emulator models S3 (20 ms to first byte, 90 MB/s per connection).
 Prints one line per mode: time to open the dataset, to the first batch, to 20 more, and
 the bytes and GETs the emulator served (the whole run, not only the first batch).
 
@@ -94,7 +94,8 @@ def main() -> None:
                 stats = emu.stats()
                 print(
                     f"{args.shard_mb} MB x {args.shards}, blocks {args.block_kib} KiB, "
-                    f"{args.workers} workers, {mode:13s} open {opened - began:.2f} s, first batch {first - opened:.3f} s, "
+                    f"{args.workers} workers, {mode:13s} open {opened - began:.2f} s, "
+                    f"first batch {first - opened:.3f} s, "
                     f"20 more {more - first:.2f} s, {stats['body_bytes'] / 1e6:.0f} MB in "
                     f"{stats['gets']} GETs, peak {stats['peak_in_flight']} in flight",
                     flush=True,
