@@ -1,7 +1,8 @@
 """Time to the first batch, cold, through the cloud emulator: whole shards vs block ranges.
 
 One process (``--workers N``: a ShardstreamLoader with N workers), batch 32 of 2,048 x
-uint16 tokens, a shuffled epoch, empty caches; the emulator models S3 (20 ms to first byte, 90 MB/s per connection).
+uint16 tokens, a shuffled epoch, empty caches; the emulator models S3 (20 ms to first
+byte, 90 MB/s per connection).
 Prints one line per mode: time to open the dataset, to the first batch, to 20 more, and
 the bytes and GETs the emulator served (the whole run, not only the first batch).
 
