@@ -4,7 +4,10 @@ A member ``dir/abc.seg.jpg`` has key ``dir/abc`` and column ``seg.jpg``; consecu
 with the same key form one sample. Each extension maps to an MDS encoding: images stay
 encoded bytes (``jpeg``/``png`` where the MDS encoding exists), ``cls``/``label`` -> int,
 ``txt`` -> str, ``json`` -> json, ``npy`` -> ndarray, anything else -> bytes. Sources are
-local files or folders, with brace ranges (``shard-{000000..000099}.tar``).
+local files or folders, ``s3://`` objects or prefixes, and ``http(s)://`` URLs, with brace
+ranges (``s3://bucket/wds/shard-{000000..000099}.tar``). A remote shard is downloaded by
+the worker that reads it (size-checked, retried as every store read) into a temporary
+file, read, and deleted.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ import io
 import json
 import re
 import tarfile
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 
@@ -43,8 +48,41 @@ def expand_braces(pattern: str) -> list[str]:
 
 def plan(inputs: tuple[str, ...], option: str = "") -> list[SourceUnit]:
     names = [name for arg in inputs for name in expand_braces(arg)]
-    files = resolve_inputs(names, (".tar",))
-    return [SourceUnit(str(f.path), f.size, f.mtime_ns) for f in files]
+    local = [n for n in names if not _remote(n)]
+    files = resolve_inputs(local, (".tar",)) if local else []
+    units = [SourceUnit(str(f.path), f.size, f.mtime_ns) for f in files]
+    for name in (n for n in names if _remote(n)):
+        units.extend(_remote_units(name))
+    return units
+
+
+def _remote(name: str) -> bool:
+    return name.split("://", 1)[0].lower() in ("s3", "http", "https")
+
+
+def _split(url: str) -> tuple[str, str]:
+    parent, _, key = url.rstrip("/").rpartition("/")
+    return parent, key
+
+
+def _remote_units(url: str) -> list[SourceUnit]:
+    """The ``.tar`` objects ``url`` names: one object, or every ``.tar`` under an ``s3://``
+    prefix (in key order)."""
+    from shardstream.storage import open_store
+
+    if url.lower().endswith(".tar"):
+        parent, key = _split(url)
+        size = open_store(parent).size(key)
+        if size is None:
+            raise InputError(f"{url}: no such object")
+        return [SourceUnit(url, size)]
+    if not url.lower().startswith("s3://"):
+        raise InputError(f"{url}: name .tar files by URL (an http(s) folder cannot be listed)")
+    store = open_store(url)
+    found = sorted((k, n) for k, n in store.list("") if k.endswith(".tar"))
+    if not found:
+        raise InputError(f"{url}: no .tar objects under this prefix")
+    return [SourceUnit(f"{url.rstrip('/')}/{k}", n) for k, n in found]
 
 
 def decode_member(ext: str, data: bytes, where: str) -> Column:
@@ -69,10 +107,24 @@ def decode_member(ext: str, data: bytes, where: str) -> Column:
 
 
 def read(unit: SourceUnit) -> Iterator[Record]:
+    if not _remote(unit.path):
+        yield from _read_tar(unit.path, unit.path)
+        return
+    from shardstream.storage import open_store
+
+    parent, key = _split(unit.path)
+    with tempfile.TemporaryDirectory(prefix="shardstream-wds-") as tmp:
+        local = Path(tmp) / "shard.tar"
+        open_store(parent).download(key, local, expected_size=unit.nbytes)
+        yield from _read_tar(str(local), unit.path)
+
+
+def _read_tar(path: str, label: str) -> Iterator[Record]:
+    """The samples of the tar at ``path`` (``label`` is what errors call it)."""
     key: str | None = None
     sample: dict[str, Column] = {}
     try:
-        with tarfile.open(unit.path, mode="r|") as tar:
+        with tarfile.open(path, mode="r|") as tar:
             for member in tar:
                 if not member.isfile():
                     continue
@@ -81,10 +133,10 @@ def read(unit: SourceUnit) -> Iterator[Record]:
                     continue
                 name, ext = match.group(1), match.group(2)
                 if key is not None and name != key:
-                    yield f"{unit.path} key {key}", sample
+                    yield f"{label} key {key}", sample
                     sample = {}
                 key = name
-                where = f"{unit.path} key {key}"
+                where = f"{label} key {key}"
                 if ext in sample:
                     raise InputError(f"{where}: member .{ext} appears twice in one sample")
                 handle = tar.extractfile(member)
@@ -92,9 +144,9 @@ def read(unit: SourceUnit) -> Iterator[Record]:
                 sample[ext] = decode_member(ext, handle.read(), where)
     except (tarfile.TarError, EOFError, OSError) as exc:
         after = f" after key {key}" if key else ""
-        raise InputError(f"{unit.path}: damaged or truncated tar{after} ({exc})") from exc
+        raise InputError(f"{label}: damaged or truncated tar{after} ({exc})") from exc
     if key is not None:
-        yield f"{unit.path} key {key}", sample
+        yield f"{label} key {key}", sample
 
 
 FORMAT = ImportFormat("webdataset", plan, read)

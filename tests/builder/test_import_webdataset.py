@@ -13,7 +13,9 @@ from PIL import Image
 
 from shardstream.errors import InputError
 from shardstream.shard_builder.importers import ImportConfig, build_import
+from shardstream.storage import open_store
 from tests.builder.conftest import dir_bytes, jpeg_bytes, read_with_ours, read_with_streaming
+from tests.fixtures.s3 import S3Bucket
 
 SMALL = {"shard_size": 16 * 1024, "allow_small_shards": True, "progress": False}
 
@@ -136,3 +138,46 @@ def test_sample_missing_a_column_names_shard_and_key_or_is_skipped(tmp_path: Pat
     assert [b.source for b in result.skipped] == [
         f"{tmp_path}/wds/shard-000000.tar key sample00033"
     ]
+
+
+def test_s3_and_http_sources_import_like_local_files(tmp_path: Path, s3_bucket: S3Bucket) -> None:
+    import functools
+    import http.server
+    import threading
+
+    pattern = _write(tmp_path / "src", _samples(100))
+    names = sorted(p.name for p in (tmp_path / "src").glob("*.tar"))
+    store = open_store(f"{s3_bucket.url}/wds")
+    for name in names:
+        store.upload(tmp_path / "src" / name, name)
+    handler = functools.partial(
+        http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "src")
+    )
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    last = len(names) - 1
+    try:
+        sources = {
+            "local": (pattern,),
+            "s3-braces": (f"{s3_bucket.url}/wds/shard-{{000000..{last:06d}}}.tar",),
+            "s3-prefix": (f"{s3_bucket.url}/wds",),
+            "http": (f"http://127.0.0.1:{server.server_port}/shard-{{000000..{last:06d}}}.tar",),
+        }
+        outputs = {}
+        for label, inputs in sources.items():
+            out = tmp_path / label
+            build_import(ImportConfig(format="webdataset", inputs=inputs, output=str(out), **SMALL))
+            outputs[label] = [s["txt"] for s in read_with_ours(out)]
+        assert outputs["local"] == outputs["s3-braces"] == outputs["s3-prefix"] == outputs["http"]
+        assert len(outputs["local"]) == 100
+        with pytest.raises(InputError, match="no such object"):
+            build_import(
+                ImportConfig(
+                    format="webdataset",
+                    inputs=(f"{s3_bucket.url}/wds/missing.tar",),
+                    output=str(tmp_path / "x"),
+                    **SMALL,
+                )
+            )
+    finally:
+        server.shutdown()
