@@ -131,7 +131,8 @@ class DraftVersion:
             builder_config=self._builder_config,
             lineage=self._lineage,
         )
-        log.info("opened draft %s v%d at %s", self.dataset, self.number, self.storage_root)
+        # Where the shards go is logged once known (a build may write them elsewhere).
+        log.info("opened draft %s v%d", self.dataset, self.number)
         return self._version
 
     def update(
@@ -183,6 +184,13 @@ class DraftVersion:
             lineage=plain({"inputs": result.lineage, "metadata": result.metadata}),
         )
         self.add_index(result.index)
+        log.info(
+            "draft %s v%d: %d shards at %s",
+            self.dataset,
+            self.number,
+            len(result.index.shards),
+            self.storage_root,
+        )
 
     def publish(self) -> VersionPublic:
         """Publish the draft now (the server checks every shard's size in storage)."""

@@ -145,3 +145,20 @@ def test_cli_build_publishes_to_the_server(
         assert "bad.jsonl:1: invalid JSON" in capsys.readouterr().err
         assert api.get_version("wiki", 2).status == "aborted"
         assert api.latest_version("wiki").number == 1
+
+
+def test_cli_build_to_output_names_only_where_the_shards_are(
+    tmp_path: Path, live_server: LiveServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    write_jsonl(tmp_path / "d.jsonl", make_docs(200, seed=4))
+    out = tmp_path / "elsewhere"
+    server = ["--server", live_server.url, "--token", live_server.token, "--dataset", "out"]
+    small = ["--seq-len", "16", "--shard-size", "4KB", "--allow-small-shards", "--no-progress"]
+    with caplog.at_level("INFO", logger="shardstream"):
+        assert main(["build", "text", str(tmp_path / "d.jsonl"), *small, *server,
+                     "--output", str(out)]) == 0  # fmt: skip
+    lines = [r.getMessage() for r in caplog.records if "draft out v1" in r.getMessage()]
+    assert lines == [
+        "opened draft out v1",
+        f"draft out v1: {len(load_index(out / 'index.json').shards)} shards at file://{out}",
+    ]
