@@ -58,7 +58,9 @@ class APISession:
         base_url = base_url or os.environ.get("SHARDSTREAM_SERVER")
         if not base_url:
             raise ConfigError(
-                "no server URL: pass base_url or set SHARDSTREAM_SERVER (e.g. http://127.0.0.1:8470)"
+                "no server URL: pass base_url or set SHARDSTREAM_SERVER to the URL the server "
+                "listens on (http://HOST:PORT; `shardstream server` uses port 8470 unless "
+                "given --port)"
             )
         self.base_url = base_url.rstrip("/")
         token = token if token is not None else os.environ.get("SHARDSTREAM_TOKEN")
