@@ -11,14 +11,18 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
+# setuptools warns that folders named like the package may shadow it during imports; here
+# that is the layout on purpose (shardstream/ links client/, server/, shard_builder/).
+EDITABLE_QUIET := PYTHONWARNINGS='ignore:Editable installation'
+
 install: $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[server,builder]'
+	$(EDITABLE_QUIET) $(BIN)/pip install --quiet -e '.[server,builder]'
 
 # torch and torchvision are pinned together: mosaicml-streaming (a test dependency) imports
 # torchvision, and a torchvision wheel only imports beside the torch it was built for.
 install-dev: $(BIN)/python
 	$(BIN)/pip install --quiet 'torch==2.14.1' 'torchvision==0.29.1'
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(EDITABLE_QUIET) $(BIN)/pip install --quiet -e '.[dev]'
 
 demo: install
 	$(BIN)/shardstream demo
