@@ -15,7 +15,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "server and check the sample sequence against an uninterrupted run.",
     )
     parser.add_argument(
-        "--workdir", help="keep everything here (default: a temporary directory, removed)"
+        "--workdir", help="where to keep the evidence (default: a new folder under the temp dir)"
     )
     parser.add_argument("--steps", type=int, default=120, help="training steps (default 120)")
     parser.add_argument(

@@ -213,18 +213,28 @@ def _progress(
     log: Path,
     steps: int,
     label: str,
+    *,
     stop_at: int | None = None,
     proc: subprocess.Popen[bytes] | None = None,
+    start: int = 0,
 ) -> None:
+    """A bar over the trainer's steps ``start + 1 ..`` (a resumed run starts past its
+    checkpoint), saying what the trainer does before its first step."""
     from tqdm import tqdm
 
     total = stop_at or steps
-    with tqdm(total=total, desc=f"[demo] {label}", unit="step", mininterval=0.5) as bar:
-        shown = 0
+    with tqdm(
+        total=total, initial=start, desc=f"[demo] {label}", unit="step", mininterval=0.5
+    ) as bar:
+        bar.set_postfix_str("starting: importing torch, opening the dataset, first batch")
+        shown = start
         while True:
-            done = max(_steps(log), default=0)
-            bar.update(min(done, total) - shown)
-            shown = min(done, total)
+            done = max(_steps(log), default=start)
+            if done > shown:
+                if shown == start:
+                    bar.set_postfix_str("")
+                bar.update(min(done, total) - shown)
+                shown = min(done, total)
             if stop_at is not None and done >= stop_at:
                 return
             if proc is not None and proc.poll() is not None:
@@ -240,8 +250,9 @@ def _digest(steps: dict[int, tuple[float, str]], upto: int) -> str:
 def run_demo(config: DemoConfig, workdir: str | None = None) -> bool:
     """Run the demo; return True when the resumed sequence equals the uninterrupted one."""
     started = time.monotonic()
-    tmp = None if workdir else tempfile.mkdtemp(prefix="shardstream-demo-")
-    work = Path(workdir or tmp or ".").resolve()
+    # The evidence (server database, shards, trainer logs, checkpoints) is kept: a default
+    # folder under the temp dir, named at the end.
+    work = Path(workdir or tempfile.mkdtemp(prefix="shardstream-demo-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     token = secrets.token_urlsafe(24)
     try:
@@ -284,13 +295,18 @@ def run_demo(config: DemoConfig, workdir: str | None = None) -> bool:
             # The restarted job: the same run, the model checkpoints the killed job left.
             shutil.copytree(work / "interrupted-ckpt", work / "resumed-ckpt")
             proc = _trainer(work, run, version, config, "resumed", resume=True)
-            _progress(work / "resumed.log", config.steps, "resumed run", proc=proc)
+            _progress(
+                work / "resumed.log", config.steps, "resumed run", proc=proc, start=checkpoint
+            )
             _wait(proc, "the resumed run")
         reference = _steps(work / "reference.log")
         after = _steps(work / "resumed.log")
     finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+        _say(
+            f"evidence kept in {work}: reference.log, interrupted.log, resumed.log (step, "
+            "loss, sample ids), the checkpoints, the server's database and the shards; "
+            "delete it when done (--workdir DIR picks the folder)"
+        )
     return _report(
         reference,
         before,
