@@ -24,6 +24,7 @@ _COMMAND_MODULES = (
     "shardstream.shard_builder.importers.cli",
     "shardstream.shard_builder.publish",
     "shardstream.server.cli",
+    "shardstream.api_client.cli",
     "shardstream.client.cli",
     "shardstream.demo.cli",
 )

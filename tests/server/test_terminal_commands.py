@@ -1,0 +1,76 @@
+"""``shardstream datasets|runs|tokens`` against a running server: tables, ``--json``, the
+environment as the SDK reads it, and a restricted token seeing only its datasets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from shardstream.api_client import APIClient
+from shardstream.cli import main
+from shardstream.mds import MDSWriter, load_index
+from tests.fixtures.server import LiveServer
+
+
+def _publish(api: APIClient, root: Path, name: str) -> None:
+    folder = root / name
+    with MDSWriter(folder, {"x": "int"}, size_limit=1 << 12) as writer:
+        for i in range(300):
+            writer.write({"x": i})
+    index = load_index(folder / "index.json")
+    from shardstream.shard_builder.publish import DraftVersion
+
+    with DraftVersion(api, name, columns={"x": "int"}, storage_root=str(folder)) as draft:
+        draft.add_index(index)
+        draft.publish()
+
+
+def test_terminal_commands_show_what_the_token_may_read(
+    live_server: LiveServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SHARDSTREAM_SERVER", live_server.url)
+    monkeypatch.setenv("SHARDSTREAM_TOKEN", live_server.token)
+    with APIClient() as api:
+        for name in ("alpha", "beta"):
+            _publish(api, live_server.storage_root, name)
+        run = api.create_run([("alpha", 1)], global_batch_size=8, seed=3, name="r1")
+        api.commit_checkpoint(run.id, step=10, epoch=0, sample_in_epoch=80)
+    capsys.readouterr()
+
+    assert main(["datasets", "list"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:3] == ["NAME", "NUM_VERSIONS", "LATEST_PUBLISHED"]
+    assert [line.split()[0] for line in table[1:]] == ["alpha", "beta"]
+
+    assert main(["datasets", "show", "alpha@1", "--json"]) == 0
+    version = json.loads(capsys.readouterr().out)
+    assert (version["dataset"], version["number"], version["status"]) == ("alpha", 1, "published")
+    assert version["total_samples"] == 300
+
+    assert main(["runs", "show", str(run.id)]) == 0
+    shown = capsys.readouterr().out
+    assert "alpha@1" in shown and "STEP" in shown and "ago" in shown
+
+    assert main(["tokens", "create", "reader", "--scope", "read", "--dataset", "beta"]) == 0
+    secret = capsys.readouterr().out.splitlines()[-1]
+    assert secret.startswith("ss_")
+    # The restricted token sees beta only, and no runs of alpha.
+    assert main(["datasets", "list", "--json", "--token", secret]) == 0
+    assert [d["name"] for d in json.loads(capsys.readouterr().out)] == ["beta"]
+    assert main(["runs", "list", "--json", "--token", secret]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+    assert main(["tokens", "list", "--token", secret]) == 1  # admins only: one clear error
+    assert "admin" in capsys.readouterr().err
+
+    assert main(["tokens", "list", "--json"]) == 0
+    tokens = json.loads(capsys.readouterr().out)
+    reader = next(t for t in tokens if t["name"] == "reader")
+    assert reader["secret"] is None and reader["datasets"] == ["beta"]
+    assert main(["tokens", "revoke", str(reader["id"])]) == 0
+    assert "revoked_at" in capsys.readouterr().out
+    assert main(["datasets", "list", "--token", secret]) == 1  # a revoked token is refused
