@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from shardstream.errors import InputError
-from shardstream.shard_builder.importers.source import Column, ImportFormat, Record, SourceUnit
+from shardstream.shard_builder.importers.source import ImportFormat, Record, SourceUnit
+from shardstream.shard_builder.importers.values import column_of
 
 _COPIES: dict[str, str] = {}  # s3:// prefix -> local copy (one per process)
 
@@ -99,38 +100,15 @@ def read(unit: SourceUnit) -> Iterator[Record]:
             arr = _array(item)
             yield where, {"tokens": (f"ndarray:{arr.dtype.name}:{seq_len}", arr)}
         elif isinstance(item, dict):
-            yield where, {str(k): _column(v, f"{where} key {k!r}") for k, v in item.items()}
+            yield where, {str(k): column_of(v, f"{where} key {k!r}") for k, v in item.items()}
         else:
-            yield where, {"value": _column(item, where)}
+            yield where, {"value": column_of(item, where)}
 
 
 def _array(value: Any) -> np.ndarray[Any, Any]:
     if hasattr(value, "numpy"):  # a torch tensor
         return np.asarray(value.numpy())
     return np.asarray(value)
-
-
-def _column(value: Any, where: str) -> Column:
-    if isinstance(value, bool | int | np.integer):
-        return "int", int(value)
-    if isinstance(value, float | np.floating):
-        return "float64", float(value)
-    if isinstance(value, str):
-        return "str", value
-    if isinstance(value, bytes | bytearray | memoryview):
-        return "bytes", bytes(value)
-    if isinstance(value, np.ndarray) or hasattr(value, "numpy"):
-        return "ndarray", _array(value)
-    if value is None or isinstance(value, list | dict):
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError) as exc:
-            raise InputError(f"{where}: the value is not JSON-like ({exc})") from exc
-        return "json", value
-    raise InputError(
-        f"{where}: a {type(value).__module__}.{type(value).__name__}; an MDS column holds "
-        "int, float, str, bytes, arrays or JSON-like values"
-    )
 
 
 FORMAT = ImportFormat("litdata", plan, read)

@@ -22,6 +22,7 @@ import numpy as np
 
 from shardstream.errors import InputError
 from shardstream.shard_builder.importers.source import Column, ImportFormat, Record, SourceUnit
+from shardstream.shard_builder.importers.values import column_of
 
 VALUE_FORMATS = ("raw", "json", "npy", "pickle")
 
@@ -50,34 +51,10 @@ def _value(fmt: str, data: bytes, where: str) -> Column:
                 value = pickle.loads(data)
             except Exception as exc:  # a pickle can fail in any way (missing classes, ...)
                 raise InputError(f"{where}: the value does not unpickle ({exc!r})") from exc
-            return _unpickled(value, where)
+            return column_of(value, where, "unpickled value")
     except (ValueError, UnicodeDecodeError, EOFError) as exc:
         raise InputError(f"{where}: the value is not {fmt} ({exc})") from exc
     return "bytes", data
-
-
-def _unpickled(value: object, where: str) -> Column:
-    """The column of an unpickled value (one clear error for a type MDS cannot hold)."""
-    if isinstance(value, (bytes, bytearray)):
-        return "bytes", bytes(value)
-    if isinstance(value, str):
-        return "str", value
-    if isinstance(value, (bool, int, np.integer)):
-        return "int", int(value)
-    if isinstance(value, (float, np.floating)):
-        return "float64", float(value)
-    if isinstance(value, np.ndarray):
-        return "ndarray", value
-    if value is None or isinstance(value, (dict, list)):
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError) as exc:
-            raise InputError(f"{where}: the unpickled value is not JSON-like ({exc})") from exc
-        return "json", value
-    raise InputError(
-        f"{where}: the unpickled value is a {type(value).__module__}.{type(value).__name__}; "
-        "an MDS column holds bytes, str, int, float, a numpy array or JSON-like values"
-    )
 
 
 def read(unit: SourceUnit) -> Iterator[Record]:
