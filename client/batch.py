@@ -6,7 +6,8 @@ every fixed-size column, copies each group with a single
 :meth:`~shardstream.mds.ShardReader.gather` straight into the output array (which the
 fast loader places in shared memory, so the batch is written exactly once). Variable-size
 columns (``str``, ``bytes``, ``json``, images) are read per sample; images are decoded
-with Pillow and stacked when they share a shape.
+(:mod:`image_decode`) and stacked when they share a shape, or left as bytes for a
+per-sample transform (:mod:`sample_transform`) to decode.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from shardstream.client.decode import IMAGE_ENCODINGS, decode_image, stack_or_list
+from shardstream.client.decode import IMAGE_ENCODINGS, stack_or_list
 from shardstream.client.options import DecodeOptions
 from shardstream.errors import ConfigError
 from shardstream.mds import ShardInfo, ShardReader
@@ -74,8 +75,10 @@ class ColumnSpec:
 class BatchBuilder:
     """Gathers the samples ``(shard, index)`` of a chunk of batches into column arrays."""
 
-    def __init__(self, spec: ColumnSpec) -> None:
+    def __init__(self, spec: ColumnSpec, *, decode_images: bool | None = None) -> None:
         self._spec = spec
+        self._decode_images = spec.options.decode_images if decode_images is None else decode_images
+        self._decoder = spec.options.image_decoder_in_force()
 
     def build(
         self,
@@ -139,8 +142,8 @@ class BatchBuilder:
         encoding = self._spec.encodings[name]
         if (
             encoding in IMAGE_ENCODINGS
-            and self._spec.options.decode_images
+            and self._decode_images
             and isinstance(value, bytes | bytearray | memoryview)
         ):
-            return decode_image(bytes(value), what=f"shard {shard} sample {idx} column {name!r}")
+            return self._decoder(bytes(value), what=f"shard {shard} sample {idx} column {name!r}")
         return value

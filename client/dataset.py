@@ -30,6 +30,7 @@ from shardstream.client.options import (
     ServerOptions,
     Source,
 )
+from shardstream.client.sample_transform import SampleTransform
 from shardstream.client.source import ResolvedSource, resolve_source
 from shardstream.client.state import ReaderState
 from shardstream.client.stream import BatchStream, BatchTransform
@@ -67,8 +68,10 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
     ``index.json`` URL/path, a :class:`Source`, or a list of them (a mixture; weights in
     each :class:`Source`). ``batch_size`` is per rank; the global batch is
     ``batch_size x world size``. ``topology`` defaults to ``Topology.discover()``
-    (``torch.distributed`` or ``RANK``/``WORLD_SIZE``). ``transform`` is applied to every
-    whole batch inside the worker.
+    (``torch.distributed`` or ``RANK``/``WORLD_SIZE``). ``sample_transform`` is applied to
+    every sample inside the worker (images as ``uint8`` ``(C, H, W)`` tensors; random
+    augmentations replay exactly on resume: :mod:`~shardstream.client.sample_transform`),
+    then the samples are collated; ``transform`` is applied to every whole batch.
 
     >>> ds = StreamingDataset("s3://bucket/tokens/index.json", batch_size=32)  # doctest: +SKIP
     >>> loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)  # doctest: +SKIP
@@ -91,6 +94,7 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         server: ServerOptions | None = None,
         topology: Topology | None = None,
         transform: BatchTransform | None = None,
+        sample_transform: SampleTransform | None = None,
     ) -> None:
         super().__init__()
         items = [sources] if isinstance(sources, str | Source) else list(sources)
@@ -115,6 +119,7 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             cache=cache,
             spec=columns,
             transform=transform,
+            sample_transform=sample_transform,
         )
         self._epoch = 0
         self._next = 0  # next batch this process yields (its own, when a worker)

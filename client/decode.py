@@ -1,40 +1,31 @@
-"""Turn column values into what a training loop wants: images as arrays, batches as tensors."""
+"""Turn column values into what a training loop wants: batches as tensors (images are
+decoded by :mod:`image_decode`)."""
 
 from __future__ import annotations
 
-import io
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from shardstream.errors import CorruptShardError
-
-__all__ = ["IMAGE_ENCODINGS", "decode_image", "stack_or_list", "to_torch"]
+__all__ = ["IMAGE_ENCODINGS", "stack_or_list", "to_torch"]
 
 IMAGE_ENCODINGS = frozenset({"jpeg", "png", "jpg"})
 """Encodings stored as compressed image bytes and decoded on the client."""
 
 
-def decode_image(data: bytes, *, what: str) -> np.ndarray[Any, Any]:
-    """Decode JPEG/PNG bytes with Pillow into a ``uint8`` array ``(H, W[, C])``."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            img.load()
-            return np.asarray(img)
-    except (UnidentifiedImageError, OSError) as exc:
-        raise CorruptShardError(f"{what}: cannot decode image ({exc})") from exc
-
-
 def stack_or_list(values: Sequence[Any]) -> Any:
-    """Stack equal-shaped arrays into one ``(n, ...)`` array; anything else stays a list."""
-    if values and all(isinstance(v, np.ndarray) for v in values):
+    """Stack equal-shaped arrays (or tensors) into one ``(n, ...)`` array (tensor);
+    anything else stays a list."""
+    if values:
         first = values[0]
-        if all(v.shape == first.shape and v.dtype == first.dtype for v in values):
-            return np.stack(values)
+        kind = np.ndarray if isinstance(first, np.ndarray) else torch.Tensor
+        if all(
+            isinstance(v, kind) and v.shape == first.shape and v.dtype == first.dtype
+            for v in values
+        ):
+            return np.stack(values) if kind is np.ndarray else torch.stack(list(values))
     return list(values)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from shardstream.client.image_decode import ImageDecoder
 from shardstream.errors import ConfigError
 
 __all__ = ["CacheOptions", "DecodeOptions", "PlanOptions", "ServerOptions", "Source"]
@@ -178,14 +179,35 @@ class DecodeOptions:
     """What a batch holds.
 
     ``columns`` limits the batch to these columns (default all). ``decode_images`` turns
-    ``jpeg``/``png`` columns into ``uint8`` tensors ``(H, W, C)`` with Pillow (else raw
-    bytes). ``sample_ids`` adds ``"sample_id"``: the int64 global id of every sample (its
-    position in the concatenated sources), handy to check order and exactly-once.
+    ``jpeg``/``png`` columns into ``uint8`` tensors (else raw bytes). ``sample_ids`` adds
+    ``"sample_id"``: the int64 global id of every sample (its position in the concatenated
+    sources), handy to check order and exactly-once.
+
+    Images: ``image_decoder`` is ``"auto"`` (the fastest installed: ``torchvision``, then
+    ``simplejpeg``, then Pillow, which also decodes every non-JPEG), or one of them by
+    name; ``image_layout`` ``"HWC"`` (default) or ``"CHW"`` (torchvision's); ``image_mode``
+    ``None`` (as stored), ``"RGB"`` or ``"L"``; ``decode_min_size`` decodes JPEGs at the
+    smallest DCT scale whose shorter side is still at least that many pixels (images
+    stored much larger than the training resolution). A ``sample_transform`` always
+    receives ``(C, H, W)`` tensors. See docs/vision.md.
     """
 
     columns: tuple[str, ...] | None = None
     decode_images: bool = True
     sample_ids: bool = False
+    image_decoder: str = "auto"
+    image_layout: str = "HWC"
+    image_mode: str | None = None
+    decode_min_size: int | None = None
+
+    def __post_init__(self) -> None:
+        self.image_decoder_in_force()  # checks the image options
+
+    def image_decoder_in_force(self) -> ImageDecoder:
+        """The decoder these options describe (:class:`ConfigError` if they are wrong)."""
+        return ImageDecoder(
+            self.image_decoder, self.image_layout, self.image_mode, self.decode_min_size
+        )
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from shardstream.client.memory_source import block_size_of
 from shardstream.client.options import CacheOptions, PlanOptions
 from shardstream.client.plan import EpochPlan, PlanConfig, SourceSpec
 from shardstream.client.plan._defaults import adopt_saved, default_shape
+from shardstream.client.sample_transform import SampleStage, SampleTransform
 from shardstream.client.source import ResolvedSource
 from shardstream.client.state import ReaderState
 from shardstream.errors import ConfigError, PlanError, ResumeError
@@ -64,6 +65,7 @@ class BatchStream:
         cache: CacheOptions,
         spec: ColumnSpec,
         transform: BatchTransform | None = None,
+        sample_transform: SampleTransform | None = None,
     ) -> None:
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
@@ -74,6 +76,16 @@ class BatchStream:
         self.spec = spec
         self.transform = transform
         self.options = plan
+        self.samples = (
+            None
+            if sample_transform is None
+            else SampleStage(
+                sample_transform,
+                encodings=spec.encodings,
+                decoder=spec.options.image_decoder_in_force(),
+                seed=plan.seed,
+            )
+        )
         self._specs = [
             SourceSpec(
                 shard_sizes=np.array([s.samples for s in src.shards], dtype=np.int64),
@@ -94,7 +106,10 @@ class BatchStream:
         self._shard_bytes = [info.raw_data.bytes for src in self.sources for info in src.shards]
         self._shard_samples = [info.samples for src in self.sources for info in src.shards]
         self._plan: EpochPlan | None = None
-        self._builder = BatchBuilder(spec)
+        # Images stay bytes for a per-sample transform: it decodes them as (C, H, W).
+        self._builder = BatchBuilder(
+            spec, decode_images=spec.options.decode_images and self.samples is None
+        )
         self._fetcher: ShardFetcher | None = None
         self._fetcher_pid = -1
         self.read_stats = BlockStats()
@@ -231,14 +246,16 @@ class BatchStream:
                 built = window.popleft()
                 queued -= len(built[0])
                 cursor, out = self._build(
-                    fetcher, built, order, where, cursor, alloc=alloc, fills=not first
+                    fetcher, built, order, where, cursor, epoch=epoch, alloc=alloc, fills=not first
                 )
                 if first:
                     fetcher.prefetch(order[: max(cursor, 0) + ahead + 1])
                 first = False
                 yield out
         while window:
-            cursor, out = self._build(fetcher, window.popleft(), order, where, cursor, alloc=alloc)
+            cursor, out = self._build(
+                fetcher, window.popleft(), order, where, cursor, epoch=epoch, alloc=alloc
+            )
             yield out
 
     def _sparse_shards(self, plan: EpochPlan) -> set[int]:
@@ -275,6 +292,7 @@ class BatchStream:
         where: dict[int, int],
         cursor: int,
         *,
+        epoch: int,
         alloc: Allocator,
         fills: bool = True,
     ) -> tuple[int, list[tuple[int, dict[str, Any]]]]:
@@ -303,8 +321,13 @@ class BatchStream:
                 fetcher.prefetch(order[cursor + 1 : cursor + 1 + ahead], fills=fills)
         fetcher.release_unused(set(needed))
         out = []
-        for b, batch in zip(bs, built, strict=True):
-            tensors = to_torch(batch)  # shares memory: no copy
+        for row, (b, batch) in enumerate(zip(bs, built, strict=True)):
+            columns = batch
+            if self.samples is not None:
+                columns = self.samples.apply(
+                    batch, epoch=epoch, batch_number=b, ids=ids[row].tolist(), alloc=alloc
+                )
+            tensors = to_torch(columns)  # shares memory: no copy
             if self.transform is not None:
                 tensors = self.transform(tensors)
             out.append((b, tensors))

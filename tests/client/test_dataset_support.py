@@ -117,3 +117,20 @@ def check_resume(
             close()
         assert head + tail == reference, f"resume after {cut} batches diverged"
     return reference
+
+
+def write_image_tree(root: Path, n: int, *, classes: int) -> None:
+    """An ImageNet-style folder ``root/classNN/*.jpg`` of ``n`` small JPEGs of assorted
+    sizes; class ``k``'s images are brightest in channel ``k % 3`` (checkable after any
+    crop)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(n)
+    for i in range(n):
+        label = i % classes
+        h, w = (int(x) for x in rng.integers(40, 72, 2))
+        arr = rng.integers(0, 50, (h, w, 3))
+        arr[..., label % 3] += 180
+        folder = root / f"class{label:02d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(arr.astype(np.uint8)).save(folder / f"{i:05d}.jpg", quality=90)
