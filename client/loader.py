@@ -287,10 +287,18 @@ class ShardstreamLoader:
             self.close()
 
 
+TRANSFORMED_SAMPLE_BYTES = 1 << 20
+"""Ring room per sample with a ``sample_transform``: a ``(3, 512, 512)`` uint8 crop or a
+``(3, 224, 224)`` float32 one. Only the pages a batch touches are ever backed by memory;
+a larger output still works, pickled through the pipe like torch's DataLoader does."""
+
+
 def _slot_bytes(dataset: StreamingDataset) -> int:
     """Bytes one batch of fixed-size columns (and sample ids) needs, with alignment."""
     stream = dataset.stream
     shard = stream.sources[0].shards[0]
     sizes = dict(zip(shard.column_names, shard.column_sizes, strict=True))
     per_sample = sum(sizes[name] or 0 for name in stream.spec.fixed) + 8
+    if stream.samples is not None:  # the transform's output size is unknown until it runs
+        per_sample = max(per_sample, TRANSFORMED_SAMPLE_BYTES)
     return stream.batch_size * per_sample + 64 * (len(stream.spec.names) + 1)

@@ -12,6 +12,7 @@ SIGKILLed process could leak. The kernel frees it when the last process mapping 
 from __future__ import annotations
 
 import mmap
+import sys
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,8 @@ import torch
 __all__ = ["ArrayRef", "BatchRing", "SlotAllocator"]
 
 _ALIGN = 64  # cache-line alignment keeps every column's start aligned for any dtype
+_LINUX = sys.platform.startswith("linux")
+_MAP_NORESERVE = 0x4000  # <sys/mman.h> on Linux; the mmap module does not export it
 
 
 def _aligned(n: int) -> int:
@@ -44,7 +47,10 @@ class BatchRing:
     def __init__(self, slots: int, slot_bytes: int) -> None:
         self.slots = slots
         self.slot_bytes = _aligned(max(slot_bytes, _ALIGN))
-        self._mem = mmap.mmap(-1, self.slots * self.slot_bytes)  # MAP_SHARED | MAP_ANONYMOUS
+        # MAP_SHARED | MAP_ANONYMOUS, and on Linux MAP_NORESERVE: room reserved for the
+        # largest batch costs nothing until a batch writes it.
+        flags = mmap.MAP_SHARED | mmap.MAP_ANONYMOUS | (_MAP_NORESERVE if _LINUX else 0)
+        self._mem = mmap.mmap(-1, self.slots * self.slot_bytes, flags=flags)
         self._base = np.frombuffer(self._mem, np.uint8)
         self._addr = self._base.ctypes.data
 
