@@ -22,7 +22,7 @@ from __future__ import annotations
 import base64
 import functools
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,7 @@ import torch
 
 from shardstream.errors import ConfigError, CorruptShardError
 
-__all__ = ["DECODERS", "ImageDecoder", "available_decoders"]
+__all__ = ["DECODERS", "ImageDecoder", "available_decoders", "decode_on_device"]
 
 DECODERS = ("auto", "torchcodec", "torchvision", "simplejpeg", "pillow")
 """Names accepted by ``DecodeOptions(image_decoder=...)``."""
@@ -209,3 +209,51 @@ _FAST: dict[str, Callable[[ImageDecoder, bytes], Any]] = {
     "torchvision": _torchvision,
     "simplejpeg": _simplejpeg,
 }
+
+
+def decode_on_device(
+    images: Sequence[bytes], device: str | torch.device = "cuda", *, mode: str = "RGB"
+) -> list[torch.Tensor]:
+    """Decode a batch of encoded images on ``device`` (nvJPEG on a GPU), as ``(C, H, W)``
+    ``uint8`` tensors there.
+
+    For a training loop that reads batches with ``DecodeOptions(decode_images=False)`` and
+    decodes in the training process, where the GPU is: JPEGs go in one call to
+    ``torchcodec`` (else ``torchvision``) with ``device``; other formats are decoded by
+    Pillow and copied over. ``mode`` is ``"RGB"`` or ``"L"``.
+    """
+    if mode not in ("RGB", "L"):
+        raise ConfigError(f"mode must be 'RGB' or 'L', got {mode!r}")
+    out: list[torch.Tensor | None] = [None] * len(images)
+    jpegs = [i for i, data in enumerate(images) if bytes(data[:3]) == _JPEG_MAGIC]
+    if jpegs:
+        decoded = _decode_jpegs_on([bytes(images[i]) for i in jpegs], torch.device(device), mode)
+        for i, tensor in zip(jpegs, decoded, strict=True):
+            out[i] = tensor
+    cpu = ImageDecoder("pillow", "CHW", mode)
+    for i in range(len(out)):
+        if out[i] is None:
+            out[i] = cpu(bytes(images[i]), what=f"image {i} of the batch").to(device)
+    return [t for t in out if t is not None]
+
+
+def _decode_jpegs_on(data: list[bytes], device: torch.device, mode: str) -> list[torch.Tensor]:
+    if _works("torchcodec"):
+        from torchcodec.decoders import ImageReadMode, decode_jpeg  # type: ignore[attr-defined]
+
+        read = ImageReadMode.RGB if mode == "RGB" else ImageReadMode.GRAY
+        tensors = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in data]
+        decoded = decode_jpeg(tensors, mode=read, device=device)
+        return list(decoded) if isinstance(decoded, list) else [decoded]
+    import warnings
+
+    from torchvision.io import ImageReadMode as TvMode
+    from torchvision.io import decode_jpeg as tv_decode_jpeg
+
+    tensors = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in data]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        decoded = tv_decode_jpeg(
+            tensors, mode=TvMode.RGB if mode == "RGB" else TvMode.GRAY, device=device
+        )
+    return list(decoded)

@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from shardstream.client import DecodeOptions
-from shardstream.client.image_decode import ImageDecoder, available_decoders
+from shardstream.client.image_decode import ImageDecoder, available_decoders, decode_on_device
 from shardstream.errors import ConfigError, CorruptShardError
 
 FAST = [name for name in available_decoders() if name != "pillow"]
@@ -92,3 +92,32 @@ def test_wrong_options_are_refused_when_made() -> None:
         DecodeOptions(image_layout="NCHW")
     with pytest.raises(ConfigError, match="image_mode must be"):
         DecodeOptions(image_mode="CMYK")
+
+
+def _device_batch() -> list[bytes]:
+    png = io.BytesIO()
+    Image.new("RGB", (7, 5), (10, 20, 30)).save(png, format="PNG")
+    return [jpeg(), png.getvalue(), jpeg(40, 20, mode="L")]
+
+
+def _check_device_decode(device: str) -> None:
+    batch = _device_batch()
+    out = decode_on_device(batch, device)
+    assert [tuple(t.shape) for t in out] == [(3, 30, 50), (3, 5, 7), (3, 20, 40)]
+    assert all(t.device.type == torch.device(device).type for t in out)
+    reference = ImageDecoder("pillow", mode="RGB")(batch[0], what="x")
+    diff = out[0].cpu().permute(1, 2, 0).int() - torch.from_numpy(reference.copy()).int()
+    assert int(diff.abs().max()) <= 3
+    assert torch.equal(out[1].cpu()[:, 0, 0], torch.tensor([10, 20, 30], dtype=torch.uint8))
+    with pytest.raises(CorruptShardError, match="image 1 of the batch"):
+        decode_on_device([batch[0], b"junk"], device)
+
+
+def test_batch_decode_on_a_device_path_runs_on_the_cpu() -> None:
+    _check_device_decode("cpu")
+
+
+# The GPU path is tested only where a GPU exists (this project's CI has none).
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_batch_decode_on_the_gpu() -> None:
+    _check_device_decode("cuda")
