@@ -59,6 +59,13 @@ def register(subparsers: Any) -> None:
         help="stop at an undecodable image, or leave it out and report it (default: fail)",
     )
     images.add_argument(
+        "--skip-bad-images",
+        dest="on_bad_image",
+        action="store_const",
+        const="skip",
+        help="the same as --on-bad-image skip",
+    )
+    images.add_argument(
         "--verify-images",
         choices=["quick", "full"],
         default="quick",

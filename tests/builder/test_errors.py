@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -164,3 +166,17 @@ def test_bad_images_fail_or_are_skipped_and_reported(tmp_path: Path) -> None:
     assert [Path(b.source).name for b in result.skipped] == ["3.jpg", "5.jpg"]
     meta = json.loads((tmp_path / "out" / "shardstream.json").read_text())
     assert [Path(b["source"]).name for b in meta["skipped"]] == ["3.jpg", "5.jpg"]
+
+
+def test_skip_bad_images_on_the_command_line_counts_and_names_them(tmp_path: Path) -> None:
+    root = tmp_path / "imgs"
+    (root / "a").mkdir(parents=True)
+    for i in range(4):
+        (root / "a" / f"{i}.jpg").write_bytes(jpeg_bytes(i))
+    (root / "a" / "2.jpg").write_bytes(b"not an image")
+    args = [sys.executable, "-m", "shardstream", "build", "images", str(root)]
+    args += ["--output", str(tmp_path / "out"), "--skip-bad-images", "--no-progress"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "3 samples" in done.stderr and "1 bad inputs skipped" in done.stderr
+    assert f"skipped {root / 'a' / '2.jpg'}:" in done.stderr
