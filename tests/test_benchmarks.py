@@ -106,3 +106,29 @@ def test_import_formats_compares_every_format_with_its_library() -> None:
     rows = [line.split() for line in done.stdout.splitlines()[2:] if line.strip()]
     assert sorted({r[0] for r in rows}) == ["litdata", "lmdb", "tfrecord", "webdataset"]
     assert all(r[-1].endswith("x") and float(r[-1][:-1]) > 0 for r in rows), done.stdout
+
+
+@pytest.mark.timeout(400)
+def test_read_images_runs_every_reader_and_the_decode_limit(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "read_images.py"), "--images", "320"]
+    cmd += ["--repeats", "1", "--dir", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=380, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "FAILED" not in done.stdout, done.stdout
+    table = done.stdout.split("\nreader ", 1)[1].splitlines()[1:]
+    rows = {line[:34].strip(): line[34:].split() for line in table if line[:34].strip()}
+    readers = [
+        "shardstream ShardstreamLoader",
+        "shardstream + torch DataLoader",
+        "shardstream, Pillow decoder",
+        "MosaicML StreamingDataset",
+        "LitData StreamingDataset",
+        "decode limit (process pool)",
+    ]
+    assert list(rows)[: len(readers)] == readers, done.stdout
+    for name in readers:
+        assert float(rows[name][0].replace(",", "")) > 0, done.stdout  # images/s
+    # Every shardstream reader mixes across the whole dataset: about the classes a uniform
+    # shuffle puts in a batch of 64 (47.4 of 100), not the few of one shard.
+    for name in readers[:3]:
+        assert float(rows[name][-1]) > 35, done.stdout
