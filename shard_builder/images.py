@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ from shardstream.shard_builder.config import ImageBuildConfig, content_options
 from shardstream.shard_builder.image_codec import BadImageError, check_image, sniff_format
 from shardstream.shard_builder.image_source import ImageChunk, ImageSource, plan_images, read_items
 from shardstream.shard_builder.journal import BuildJournal, fingerprint, shard_key
+from shardstream.shard_builder.packing import GreedyCut
 from shardstream.shard_builder.progress import BuildProgress
 from shardstream.shard_builder.result import (
     BadInput,
@@ -81,6 +83,23 @@ def _image_encoding(config: ImageBuildConfig, source: ImageSource) -> str:
     return sniff_format(first[2] or b"") if first else "bytes"
 
 
+def shard_header_bytes(columns: dict[str, str], config: ImageBuildConfig) -> int:
+    """A shard's bytes before its samples: count, one offset more, config JSON."""
+    template = shard_config(
+        columns, compression=config.compression, hashes=config.hashes, size_limit=config.shard_size
+    )
+    # Shard file = count + offsets (4 bytes per sample, plus one) + config JSON + samples.
+    return 8 + len(json.dumps(template.config(), sort_keys=True))
+
+
+def shard_state(
+    skipped: list[tuple[int, BadInput]], next_item: int, *, final: bool
+) -> dict[str, Any]:
+    """A shard's journal record: where the next shard starts, the bad inputs before it."""
+    bad = [{"item": n, **asdict(b)} for n, b in skipped if n < next_item]
+    return {"next_item": next_item, "final": final, "skipped": bad}
+
+
 class _GreedyShards:
     """Packs encoded samples, in order, into shards of at most ``shard_size`` bytes."""
 
@@ -98,23 +117,14 @@ class _GreedyShards:
         self.skipped = skipped
         self._sink, self._journal, self._columns = sink, journal, columns
         self._config = config
-        template = shard_config(
-            columns,
-            compression=config.compression,
-            hashes=config.hashes,
-            size_limit=config.shard_size,
-        )
-        # Shard file = count + offsets (4 bytes per sample, plus one) + config JSON + samples.
-        self._header = 8 + len(json.dumps(template.config(), sort_keys=True))
+        self._cut = GreedyCut(shard_header_bytes(columns, config), config.shard_size)
         self._pending: list[bytes] = []
-        self._bytes = self._header
 
     def add(self, number: int, sample: bytes) -> None:
         """Append item ``number``'s sample, first closing the shard if it would overflow."""
-        if self._pending and self._bytes + len(sample) + 4 > self._config.shard_size:
+        if self._cut.add(len(sample)):
             self.close_shard(number)
         self._pending.append(sample)
-        self._bytes += len(sample) + 4
 
     def close_shard(self, next_item: int, *, final: bool = False) -> None:
         """Write the pending samples as the next shard; ``next_item`` is where a resume starts."""
@@ -131,10 +141,9 @@ class _GreedyShards:
             size_limit=self._config.shard_size,
         )
         self.shards.append(info)
-        bad = [{"item": n, **asdict(b)} for n, b in self.skipped if n < next_item]
-        state = {"next_item": next_item, "final": final, "skipped": bad}
+        state = shard_state(self.skipped, next_item, final=final)
         self._sink.stored(info, lambda: self._journal.record(position, info, state))
-        self._pending, self._bytes = [], self._header
+        self._pending = []
 
 
 def _tasks(
@@ -155,6 +164,36 @@ def _tasks(
     ]
 
 
+@dataclass
+class ImageJob:
+    """The middle of an image build: what a producer of shards is given.
+
+    A producer checks the images of ``tasks`` (the chunks from ``next_item`` on), packs
+    them with :class:`GreedyCut` into shards after ``shards`` (the finished ones), stores
+    each, records it in ``journal`` in shard order, adds undecodable images to ``skipped``
+    and moves ``progress``.
+    """
+
+    config: ImageBuildConfig
+    source: ImageSource
+    columns: dict[str, str]
+    tasks: list[_Task]
+    sink: ShardSink
+    journal: BuildJournal
+    shards: list[ShardInfo]
+    skipped: list[tuple[int, BadInput]]
+    progress: BuildProgress
+
+    @property
+    def end_item(self) -> int:
+        """The number after the last item of the input."""
+        last = self.source.chunks[-1]
+        return last.first + last.count
+
+
+ImageProducer = Callable[[ImageJob], None]
+
+
 def build_images(config: ImageBuildConfig) -> BuildResult:
     """Shard ``config.inputs`` (a class-per-folder tree or Parquet) as ``{image, label}``.
 
@@ -166,6 +205,11 @@ def build_images(config: ImageBuildConfig) -> BuildResult:
         result = build_images(ImageBuildConfig(output="out", inputs=("imagenet/train",)))
         print(result.label_names[:3], result.samples)
     """
+    return run_image_build(config, _produce_locally)
+
+
+def run_image_build(config: ImageBuildConfig, produce: ImageProducer) -> BuildResult:
+    """Everything of an image build but checking images and writing shards (``produce``)."""
     started = time.perf_counter()
     source = plan_images(config.inputs, config.image_field, config.label_field)
     columns = {"image": _image_encoding(config, source), "label": "int"}
@@ -193,31 +237,24 @@ def build_images(config: ImageBuildConfig) -> BuildResult:
         progress = BuildProgress(
             sum(c.nbytes for c in source.chunks), desc="build images", enabled=config.progress
         )
-        packer = _GreedyShards(
-            sink,
-            journal=journal,
-            columns=columns,
+        job = ImageJob(
             config=config,
-            done=[d.info for d in finished],
+            source=source,
+            columns=columns,
+            tasks=_tasks(config, source, columns, int(resume.get("next_item", 0))),
+            sink=sink,
+            journal=journal,
+            shards=[d.info for d in finished],
             skipped=skipped,
+            progress=progress,
         )
         with progress:
             if not resume.get("final"):
-                tasks = _tasks(config, source, columns, int(resume.get("next_item", 0)))
                 progress.skip(
-                    sum(c.nbytes for c in source.chunks) - sum(t.chunk.nbytes for t in tasks)
+                    sum(c.nbytes for c in source.chunks) - sum(t.chunk.nbytes for t in job.tasks)
                 )
-                results = ordered_map(_process_chunk, tasks, workers=config.workers)
-                for task, processed in zip(tasks, results, strict=True):
-                    if processed.bad and config.on_bad_image == "fail":
-                        raise _bad_images_error([b for _, b in processed.bad])
-                    skipped.extend(processed.bad)
-                    for number, sample in zip(processed.numbers, processed.samples, strict=True):
-                        packer.add(number, sample)
-                    made = sum(map(len, processed.samples))
-                    progress.advance(task.chunk.nbytes, len(processed.samples), made)
-                packer.close_shard(source.chunks[-1].first + source.chunks[-1].count, final=True)
-                if not packer.shards:
+                produce(job)
+                if not job.shards:
                     raise InputError(
                         f"no decodable images in {', '.join(config.inputs)} "
                         f"({len(skipped)} left out as undecodable)"
@@ -232,7 +269,7 @@ def build_images(config: ImageBuildConfig) -> BuildResult:
             "config": content_options(config),
             "lineage": lineage,
         }
-        index = finish_build(sink, packer.shards, metadata)
+        index = finish_build(sink, job.shards, metadata)
         journal.clear()
     except InputError:
         sink.discard_partial()  # fixing the input changes it: nothing here can be reused
@@ -244,7 +281,30 @@ def build_images(config: ImageBuildConfig) -> BuildResult:
     )
 
 
-def _bad_images_error(bad: list[BadInput]) -> InputError:
+def _produce_locally(job: ImageJob) -> None:
+    """Check images in worker processes (results in chunk order), write shards here."""
+    config = job.config
+    packer = _GreedyShards(
+        job.sink,
+        journal=job.journal,
+        columns=job.columns,
+        config=config,
+        done=job.shards,
+        skipped=job.skipped,
+    )
+    results = ordered_map(_process_chunk, job.tasks, workers=config.workers)
+    for task, processed in zip(job.tasks, results, strict=True):
+        if processed.bad and config.on_bad_image == "fail":
+            raise bad_images_error([b for _, b in processed.bad])
+        job.skipped.extend(processed.bad)
+        for number, sample in zip(processed.numbers, processed.samples, strict=True):
+            packer.add(number, sample)
+        made = sum(map(len, processed.samples))
+        job.progress.advance(task.chunk.nbytes, len(processed.samples), made)
+    packer.close_shard(job.end_item, final=True)
+
+
+def bad_images_error(bad: list[BadInput]) -> InputError:
     shown = "; ".join(f"{b.source}: {b.reason}" for b in bad[:5])
     more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
     return InputError(

@@ -9,7 +9,8 @@ and tokens of that chunk already used), which is all a resumed build needs to co
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,17 +36,37 @@ class StreamPosition:
         return cls(int(obj["chunk"]), int(obj["skip"]), int(obj["tokens_before"]))
 
 
-class TokenPacker:
-    """Turns chunks of tokens into ``(samples_per_shard, seq_len)`` blocks plus a final one."""
+@dataclass(frozen=True)
+class Piece:
+    """Tokens ``[start, end)`` of chunk ``chunk``'s token array (the whole array, skip included)."""
 
-    def __init__(
-        self, seq_len: int, samples_per_shard: int, dtype: np.dtype[Any], start: StreamPosition
-    ) -> None:
+    chunk: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class ShardCut:
+    """One shard's tokens, as pieces of chunks in stream order, and the position after it."""
+
+    pieces: tuple[Piece, ...]
+    position: StreamPosition
+
+
+class StreamCutter:
+    """Where the shards of the token stream begin and end, from token counts alone.
+
+    The one home of the cutting arithmetic: :class:`TokenPacker` applies it to token arrays
+    in this process, the Ray builder to arrays that stay on the workers (the driver sees
+    only each chunk's count). Feed chunks in order with :meth:`add`; a shard is
+    ``samples_per_shard`` whole sequences, the last one (:meth:`finish`) what is left.
+    """
+
+    def __init__(self, seq_len: int, samples_per_shard: int, start: StreamPosition) -> None:
         self._seq_len = seq_len
         self._shard_tokens = seq_len * samples_per_shard
-        self._dtype = dtype
         self._start = start
-        self._parts: list[npt.NDArray[Any]] = []
+        self._pieces: deque[Piece] = deque()
         self._buffered = 0
         self._consumed = start.tokens_before  # stream tokens seen, the skipped prefix included
 
@@ -54,33 +75,124 @@ class TokenPacker:
         """Stream tokens up to the end of the last chunk added (resumed prefix included)."""
         return self._consumed
 
+    @property
+    def first_needed(self) -> int | None:
+        """The lowest chunk whose tokens a future shard still needs (``None``: none buffered)."""
+        return self._pieces[0].chunk if self._pieces else None
+
+    def add(self, chunk: int, count: int) -> list[ShardCut]:
+        """Chunk ``chunk`` holds ``count`` tokens: the shards it completes, in order."""
+        skip = self._start.skip if chunk == self._start.chunk else 0
+        chunk_start = self._consumed  # stream position of the chunk's token number ``skip``
+        if count > skip:
+            self._pieces.append(Piece(chunk, skip, count))
+            self._buffered += count - skip
+            self._consumed += count - skip
+        cuts: list[ShardCut] = []
+        while self._buffered >= self._shard_tokens:
+            # Before this chunk fewer than a shard's tokens waited, so every shard cut here
+            # ends inside this chunk: the position after it is a point in this chunk.
+            pieces = self._take(self._shard_tokens)
+            end = pieces[-1].end
+            cuts.append(ShardCut(pieces, StreamPosition(chunk, end, chunk_start + end - skip)))
+        return cuts
+
+    def finish(self) -> tuple[ShardCut | None, int]:
+        """The last shard (the whole sequences left; ``None`` if none) and the tokens dropped.
+
+        The last shard's position is left at the end of the last piece; callers record
+        the end of the stream instead.
+        """
+        whole = self._buffered - self._buffered % self._seq_len
+        dropped = self._buffered - whole
+        pieces = self._take(whole)
+        self._pieces.clear()
+        self._buffered = 0
+        if not pieces:
+            return None, dropped
+        last = pieces[-1]
+        return ShardCut(
+            pieces, StreamPosition(last.chunk, last.end, self._consumed - dropped)
+        ), dropped
+
+    def _take(self, tokens: int) -> tuple[Piece, ...]:
+        taken: list[Piece] = []
+        while tokens:
+            head = self._pieces[0]
+            n = min(tokens, head.end - head.start)
+            taken.append(Piece(head.chunk, head.start, head.start + n))
+            if n == head.end - head.start:
+                self._pieces.popleft()
+            else:
+                self._pieces[0] = Piece(head.chunk, head.start + n, head.end)
+            tokens -= n
+            self._buffered -= n
+        return tuple(taken)
+
+
+def gather(pieces: tuple[Piece, ...], arrays: Mapping[int, npt.NDArray[Any]]) -> npt.NDArray[Any]:
+    """The tokens of ``pieces``, one array (``arrays``: each chunk's token array)."""
+    parts = [arrays[p.chunk][p.start : p.end] for p in pieces]
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+class TokenPacker:
+    """Turns chunks of tokens into ``(samples_per_shard, seq_len)`` blocks plus a final one."""
+
+    def __init__(
+        self, seq_len: int, samples_per_shard: int, dtype: np.dtype[Any], start: StreamPosition
+    ) -> None:
+        self._seq_len = seq_len
+        self._dtype = dtype
+        self._cutter = StreamCutter(seq_len, samples_per_shard, start)
+        self._arrays: dict[int, npt.NDArray[Any]] = {}
+
+    @property
+    def tokens_seen(self) -> int:
+        """Stream tokens up to the end of the last chunk added (resumed prefix included)."""
+        return self._cutter.tokens_seen
+
     def add(
         self, chunk: int, tokens: npt.NDArray[Any]
     ) -> Iterator[tuple[npt.NDArray[Any], StreamPosition]]:
         """Add chunk ``chunk``'s tokens; yield every full shard block now available."""
-        skip = self._start.skip if chunk == self._start.chunk else 0
-        tokens = tokens[skip:].astype(self._dtype, copy=False)
-        old = self._buffered
-        chunk_start = self._consumed  # stream position of tokens[0]
-        self._parts.append(tokens)
-        self._buffered += len(tokens)
-        self._consumed += len(tokens)
-        if self._buffered < self._shard_tokens:
-            return
-        stream = np.concatenate(self._parts)
-        count = len(stream) // self._shard_tokens
-        for j in range(count):
-            block = stream[j * self._shard_tokens : (j + 1) * self._shard_tokens]
-            used = (j + 1) * self._shard_tokens - old  # tokens of this chunk in blocks so far
-            pos = StreamPosition(chunk, skip + used, chunk_start + used)
-            yield block.reshape(-1, self._seq_len), pos
-        rest = stream[count * self._shard_tokens :]
-        self._parts = [rest] if len(rest) else []
-        self._buffered = len(rest)
+        self._arrays[chunk] = tokens.astype(self._dtype, copy=False)
+        for cut in self._cutter.add(chunk, len(tokens)):
+            yield gather(cut.pieces, self._arrays).reshape(-1, self._seq_len), cut.position
+        first = self._cutter.first_needed
+        for done in [c for c in self._arrays if first is None or c < first]:
+            del self._arrays[done]
 
     def finish(self) -> tuple[npt.NDArray[Any], int]:
         """The last block (whole sequences left, maybe none) and the tokens dropped."""
-        stream = np.concatenate(self._parts) if self._parts else np.empty(0, self._dtype)
-        whole = len(stream) - len(stream) % self._seq_len
-        self._parts, self._buffered = [], 0
-        return stream[:whole].reshape(-1, self._seq_len), len(stream) - whole
+        cut, dropped = self._cutter.finish()
+        block = gather(cut.pieces, self._arrays) if cut is not None else np.empty(0, self._dtype)
+        self._arrays.clear()
+        return block.reshape(-1, self._seq_len), dropped
+
+
+class GreedyCut:
+    """Greedy packing of samples, in order, into shards of at most ``shard_size`` bytes.
+
+    ``header`` is a shard's size before its samples; each sample costs its bytes plus a
+    4-byte offset. The image builders (local and Ray) decide their shard boundaries here.
+    """
+
+    def __init__(self, header: int, shard_size: int) -> None:
+        self._header = header
+        self._limit = shard_size
+        self._count = 0
+        self._bytes = header
+
+    def add(self, size: int) -> bool:
+        """Add a sample of ``size`` bytes; ``True`` if a new shard starts with it."""
+        new_shard = self._count > 0 and self._bytes + size + 4 > self._limit
+        if new_shard:
+            self.reset()
+        self._count += 1
+        self._bytes += size + 4
+        return new_shard
+
+    def reset(self) -> None:
+        """Start an empty shard."""
+        self._count, self._bytes = 0, self._header

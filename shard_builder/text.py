@@ -15,6 +15,7 @@ The work split, chosen so the output never depends on scheduling:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +25,7 @@ import numpy.typing as npt
 from shardstream.errors import InputError
 from shardstream.mds import ShardInfo, samples_per_shard, write_shard_arrays
 from shardstream.shard_builder.config import TextBuildConfig, content_options
-from shardstream.shard_builder.inputs import lineage, resolve_inputs
+from shardstream.shard_builder.inputs import InputFile, lineage, resolve_inputs
 from shardstream.shard_builder.journal import BuildJournal, fingerprint, shard_key
 from shardstream.shard_builder.packing import StreamPosition, TokenPacker
 from shardstream.shard_builder.progress import BuildProgress
@@ -70,6 +71,43 @@ def _tokenize_chunk(task: _Task) -> _Tokens:
     return _Tokens(tokens, documents)
 
 
+@dataclass
+class TextJob:
+    """The middle of a text build: what a producer of shards is given.
+
+    A producer (this process with worker processes, or the Ray builder) tokenizes
+    ``chunks[start.chunk:]``, cuts the stream with :class:`StreamCutter` rules into shards
+    continuing after ``shards`` (the finished ones), stores each, records it in ``journal``
+    in shard order, moves ``progress``, and returns the totals.
+    """
+
+    config: TextBuildConfig
+    files: list[InputFile]
+    chunks: list[TextChunk]
+    spec: TokenizerSpec
+    dtype: np.dtype[Any]
+    columns: dict[str, str]
+    samples_per_shard: int
+    sink: ShardSink
+    journal: BuildJournal
+    shards: list[ShardInfo]
+    start: StreamPosition
+    documents: int  # documents before ``start.chunk``
+    progress: BuildProgress
+
+
+@dataclass(frozen=True)
+class TextTotals:
+    """What a producer reports at the end: stream tokens, documents, tokens dropped."""
+
+    tokens: int
+    documents: int
+    dropped: int
+
+
+TextProducer = Callable[[TextJob], TextTotals]
+
+
 def build_text(config: TextBuildConfig) -> BuildResult:
     """Tokenize ``config.inputs`` into ``ndarray:<uint16|uint32>:<seq_len>`` shards.
 
@@ -81,6 +119,15 @@ def build_text(config: TextBuildConfig) -> BuildResult:
 
         result = build_text(TextBuildConfig(output="out", inputs=("data/*.jsonl",), seq_len=512))
         print(result.samples, result.dropped_tokens)
+    """
+    return run_text_build(config, _produce_locally)
+
+
+def run_text_build(config: TextBuildConfig, produce: TextProducer) -> BuildResult:
+    """Everything of a text build but the tokenizing and shard writing, which ``produce`` does.
+
+    Planning, fingerprint, journal and resume, ``shardstream.json`` and ``index.json`` live
+    here once, so the local and the Ray builder write the same bytes and share journals.
     """
     started = time.perf_counter()
     files = resolve_inputs(config.inputs, TEXT_SUFFIXES)
@@ -110,55 +157,32 @@ def build_text(config: TextBuildConfig) -> BuildResult:
         per_shard = samples_per_shard(
             columns, config.shard_size, compression=config.compression, hashes=config.hashes
         )
-        shards: list[ShardInfo] = [d.info for d in done]
         resume = done[-1].resume if done else {}
         start = StreamPosition.from_dict(resume["stream"]) if done else StreamPosition(0, 0, 0)
-        documents = int(resume.get("documents_before_chunk", 0))
         progress = BuildProgress(
             sum(c.nbytes for c in chunks), desc="build text", enabled=config.progress
         )
-
-        def write(block: npt.NDArray[Any], info_resume: dict[str, Any]) -> None:
-            position = len(shards)
-            info = write_shard_arrays(
-                sink.staging,
-                shard_key(position, config.spread_prefixes),
-                columns,
-                {config.column: block},
-                compression=config.compression,
-                hashes=config.hashes,
-                size_limit=config.shard_size,
-            )
-            shards.append(info)
-            sink.stored(info, lambda: journal.record(position, info, info_resume))
-
+        job = TextJob(
+            config=config,
+            files=files,
+            chunks=chunks,
+            spec=spec,
+            dtype=dtype,
+            columns=columns,
+            samples_per_shard=per_shard,
+            sink=sink,
+            journal=journal,
+            shards=[d.info for d in done],
+            start=start,
+            documents=int(resume.get("documents_before_chunk", 0)),
+            progress=progress,
+        )
         with progress:
             progress.skip(sum(c.nbytes for c in chunks[: start.chunk]))
             if resume.get("final"):
-                dropped, tokens, documents = resume["dropped"], start.tokens_before, resume["docs"]
+                totals = TextTotals(start.tokens_before, resume["docs"], resume["dropped"])
             else:
-                packer = TokenPacker(config.seq_len, per_shard, dtype, start)
-                tasks = (
-                    _Task(chunk, config.field, spec, dtype.name) for chunk in chunks[start.chunk :]
-                )
-                results = ordered_map(_tokenize_chunk, tasks, workers=config.workers)
-                reported, sample_bytes = 0, config.seq_len * dtype.itemsize
-                for number, chunk_tokens in enumerate(results, start=start.chunk):
-                    for block, pos in packer.add(number, chunk_tokens.tokens):
-                        write(block, {"stream": pos.to_dict(), "documents_before_chunk": documents})
-                    documents += chunk_tokens.documents
-                    # Whole sequences so far: the rate users care about, before a shard ends.
-                    sequences = (packer.tokens_seen - start.tokens_before) // config.seq_len
-                    new, reported = sequences - reported, sequences
-                    progress.advance(chunks[number].nbytes, new, new * sample_bytes)
-                last, dropped = packer.finish()
-                tokens = packer.tokens_seen
-                if not shards and not len(last):
-                    raise _too_little_input(config, files, documents, tokens)
-                if len(last):
-                    end = StreamPosition(len(chunks), 0, tokens)
-                    final = {"final": True, "dropped": dropped, "docs": documents}
-                    write(last, {"stream": end.to_dict(), **final})
+                totals = produce(job)
             sink.flush()
         metadata: dict[str, Any] = {
             "kind": "text",
@@ -168,13 +192,13 @@ def build_text(config: TextBuildConfig) -> BuildResult:
             "tokenizer": described,
             "eos_id": tokenizer.eos_id,
             "vocab_size": tokenizer.vocab_size,
-            "tokens": tokens,
-            "documents": documents,
-            "dropped_tokens": dropped,
+            "tokens": totals.tokens,
+            "documents": totals.documents,
+            "dropped_tokens": totals.dropped,
             "config": content_options(config),
             "lineage": lineage(files),
         }
-        index = finish_build(sink, shards, metadata)
+        index = finish_build(sink, job.shards, metadata)
         journal.clear()
     except InputError:
         sink.discard_partial()  # fixing the input changes it: nothing here can be reused
@@ -186,7 +210,55 @@ def build_text(config: TextBuildConfig) -> BuildResult:
     )
 
 
-def _too_little_input(
+def final_resume(job: TextJob, tokens: int, documents: int, dropped: int) -> dict[str, Any]:
+    """The journal record of the last shard: the end of the stream and the final counts."""
+    end = StreamPosition(len(job.chunks), 0, tokens)
+    return {"stream": end.to_dict(), "final": True, "dropped": dropped, "docs": documents}
+
+
+def _produce_locally(job: TextJob) -> TextTotals:
+    """Tokenize in worker processes (results in chunk order), write shards here."""
+    config, start, shards, sink = job.config, job.start, job.shards, job.sink
+    documents = job.documents
+
+    def write(block: npt.NDArray[Any], info_resume: dict[str, Any]) -> None:
+        position = len(shards)
+        info = write_shard_arrays(
+            sink.staging,
+            shard_key(position, config.spread_prefixes),
+            job.columns,
+            {config.column: block},
+            compression=config.compression,
+            hashes=config.hashes,
+            size_limit=config.shard_size,
+        )
+        shards.append(info)
+        sink.stored(info, lambda: job.journal.record(position, info, info_resume))
+
+    packer = TokenPacker(config.seq_len, job.samples_per_shard, job.dtype, start)
+    tasks = (
+        _Task(chunk, config.field, job.spec, job.dtype.name) for chunk in job.chunks[start.chunk :]
+    )
+    results = ordered_map(_tokenize_chunk, tasks, workers=config.workers)
+    reported, sample_bytes = 0, config.seq_len * job.dtype.itemsize
+    for number, chunk_tokens in enumerate(results, start=start.chunk):
+        for block, pos in packer.add(number, chunk_tokens.tokens):
+            write(block, {"stream": pos.to_dict(), "documents_before_chunk": documents})
+        documents += chunk_tokens.documents
+        # Whole sequences so far: the rate users care about, before a shard ends.
+        sequences = (packer.tokens_seen - start.tokens_before) // config.seq_len
+        new, reported = sequences - reported, sequences
+        job.progress.advance(job.chunks[number].nbytes, new, new * sample_bytes)
+    last, dropped = packer.finish()
+    tokens = packer.tokens_seen
+    if not shards and not len(last):
+        raise too_little_input(config, job.files, documents, tokens)
+    if len(last):
+        write(last, final_resume(job, tokens, documents, dropped))
+    return TextTotals(tokens, documents, dropped)
+
+
+def too_little_input(
     config: TextBuildConfig, files: list[Any], documents: int, tokens: int
 ) -> InputError:
     names = ", ".join(str(f.path) for f in files[:3]) + (" ..." if len(files) > 3 else "")
