@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test install install-dev lint
+.PHONY: demo test install install-dev lint browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,12 @@ install-dev: $(BIN)/python
 demo: install
 	$(BIN)/shardstream demo
 
-test: install-dev
+# The web console's tests drive Debian's chromium (installed here where missing; needs root).
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null)
+
+test: install-dev browser
 	$(BIN)/python -m pytest
 
 lint:

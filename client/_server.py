@@ -6,6 +6,7 @@ Kept apart so that reading an ``index.json`` URL never needs the server or its c
 from __future__ import annotations
 
 import hashlib
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -141,12 +142,20 @@ def _run_id(dataset: StreamingDataset) -> tuple[APIClient, int]:
     return _client(server.resolved_url(), server.resolved_token()), run
 
 
+_SESSION = uuid.uuid4().hex[:16]
+"""This training process, among the processes a run's checkpoints come from."""
+
+
 def commit_checkpoint(dataset: StreamingDataset, step: int, state: dict[str, Any]) -> None:
-    """Store ``state`` as the run's data position at ``step`` (idempotent per step)."""
+    """Store ``state`` as the run's data position at ``step`` (idempotent per step).
+
+    Beside the state go the world size and this process's session id, so the server's
+    console can mark where a run was resumed and where its number of ranks changed."""
     api, run = _run_id(dataset)
+    plan = {**state, "world_size": dataset.topology.world_size, "session": _SESSION}
     with api:
         api.commit_checkpoint(
-            run, step=step, epoch=state["epoch"], sample_in_epoch=state["samples"], plan=state
+            run, step=step, epoch=state["epoch"], sample_in_epoch=state["samples"], plan=plan
         )
 
 

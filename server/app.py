@@ -22,6 +22,7 @@ from shardstream.server.api.deps import authenticate
 from shardstream.server.api.routes import datasets, health, runs, shards, tokens, versions
 from shardstream.server.auth import TokenCache
 from shardstream.server.config import Settings, get_settings
+from shardstream.server.console import pages as console
 from shardstream.server.data import datasets as datasets_data
 from shardstream.server.data import runs as runs_data
 from shardstream.server.data import versions as versions_data
@@ -45,12 +46,12 @@ log = logging.getLogger("shardstream.server")
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; ``settings`` defaults to :func:`get_settings` (the environment),
-    in which case the process's logging is configured too (JSON lines on stderr)."""
+    in which case the process's logging is configured too (see :mod:`.logs`)."""
     if settings is None:
         # The server process (uvicorn factory): configure logging for the process. Apps
         # built with explicit settings (tests, embedding) leave global logging alone.
         settings = get_settings()
-        configure_logging(settings.log_level, json_format=settings.log_json)
+        configure_logging(settings.log_level, log_format=settings.resolved_log_format)
     engine = make_engine(
         settings.resolved_database_url,
         pool_size=settings.db_pool_size,
@@ -68,6 +69,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Storage (boto3) is imported lazily by the stores; load it now so the first
         # publish or presign of a starting job does not pay ~0.1 s of imports.
         await run_in_threadpool(importlib.import_module, "shardstream.storage")
+        # `shardstream server` bound and listens on the socket before the app starts
+        # (server/serve.py), so this line comes only once requests will be answered.
         log.info(
             "server ready", extra={"database": engine.url.render_as_string(hide_password=True)}
         )
@@ -114,6 +117,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (datasets, versions, shards, runs, tokens):
         app.include_router(module.router)
     app.include_router(health.router)
+    console.install(app)
     limits = BodyLimits(
         max_bytes=settings.max_body_bytes,
         max_shard_batch_bytes=settings.max_shard_batch_bytes,

@@ -31,6 +31,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     server.add_argument(
         "--no-migrate", action="store_true", help="do not apply migrations at start"
     )
+    server.add_argument(
+        "--log-format",
+        choices=["auto", "text", "json"],
+        help="text lines, or one JSON object per line (SHARDSTREAM_LOG_FORMAT; default auto: "
+        "text on a terminal, JSON otherwise)",
+    )
     server.set_defaults(handler=_serve)
     commands = server.add_subparsers(dest="server_command", metavar="SUBCOMMAND")
 
@@ -66,6 +72,7 @@ _ENV = {
     "port": "SHARDSTREAM_PORT",
     "storage_root": "SHARDSTREAM_STORAGE_ROOT",
     "workers": "SHARDSTREAM_WORKERS",
+    "log_format": "SHARDSTREAM_LOG_FORMAT",
 }
 
 
@@ -79,6 +86,8 @@ def _settings_from(args: argparse.Namespace) -> Settings:
         value = getattr(args, attr, None)
         if value is not None:
             os.environ[env] = str(value)
+    if getattr(args, "verbose", False):  # shardstream -v: debug logs, alembic's steps too
+        os.environ["SHARDSTREAM_LOG_LEVEL"] = "DEBUG"
     get_settings.cache_clear()
     return _load_settings()
 
@@ -105,8 +114,13 @@ def _serve(args: argparse.Namespace) -> int:
     from shardstream.errors import ConfigError
 
     try:
-        import uvicorn
+        from shardstream.server.config import get_settings
+        from shardstream.server.logs import configure_logging
 
+        settings = _settings_from(args)
+        settings.check_safe()
+        # Before alembic is imported: it logs as it loads its plugins.
+        configure_logging(settings.log_level, log_format=settings.resolved_log_format)
         from shardstream.server.data import tokens as tokens_data
         from shardstream.server.db import (
             DatabaseLimits,
@@ -115,39 +129,28 @@ def _serve(args: argparse.Namespace) -> int:
             wait_for_database,
         )
         from shardstream.server.migrate import upgrade
+        from shardstream.server.serve import bind_socket, serve
     except ModuleNotFoundError as exc:
         raise ConfigError(
             f"the server needs the server extra ({exc.name} is missing): "
             "pip install 'shardstream[server]'"
         ) from exc
 
-    settings = _settings_from(args)
-    settings.check_safe()
-    engine = make_engine(
-        settings.resolved_database_url, limits=DatabaseLimits.from_settings(settings)
-    )
-    # A database still starting (or down) is a one-line reason and a bounded retry.
-    wait_for_database(engine, settings.db_start_timeout_s)
-    if not args.no_migrate and settings.migrate_on_start:
-        upgrade(engine)
-    with make_sessionmaker(engine)() as session:
-        settings.check_safe(has_db_tokens=tokens_data.has_admin(session))
-    engine.dispose()
-    os.environ["SHARDSTREAM_MIGRATE_ON_START"] = "false"  # done once, above
-    uvicorn.run(
-        "shardstream.server.app:create_app",
-        factory=True,
-        host=settings.host,
-        port=settings.port,
-        workers=settings.workers,
-        log_config=None,
-        access_log=False,
-        proxy_headers=True,
-        # Longer than the idle timeout of common load balancers (60 s), and long enough that
-        # a busy client's pooled connection is not closed under it between two requests.
-        timeout_keep_alive=75,
-    )
-    return 0
+    # First the port: taken, it is the one error to report, before migrating anything.
+    with bind_socket(settings.host, settings.port) as sock:
+        engine = make_engine(
+            settings.resolved_database_url, limits=DatabaseLimits.from_settings(settings)
+        )
+        # A database still starting (or down) is a one-line reason and a bounded retry.
+        wait_for_database(engine, settings.db_start_timeout_s)
+        if not args.no_migrate and settings.migrate_on_start:
+            upgrade(engine)
+        with make_sessionmaker(engine)() as session:
+            settings.check_safe(has_db_tokens=tokens_data.has_admin(session))
+        engine.dispose()
+        os.environ["SHARDSTREAM_MIGRATE_ON_START"] = "false"  # done once, above
+        get_settings.cache_clear()  # the app (in this process too) reads it again
+        return 0 if serve(settings, sock) else 1
 
 
 def _migrate(args: argparse.Namespace) -> int:

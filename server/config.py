@@ -15,6 +15,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shardstream.errors import ConfigError
+from shardstream.server.logs import LogFormat
 
 if TYPE_CHECKING:
     from shardstream.server.locations import Location
@@ -109,7 +110,14 @@ class Settings(BaseSettings):
         default=32, ge=2, le=256, description="deepest nesting of objects and arrays in one"
     )
     log_level: str = "INFO"
-    log_json: bool = True
+    log_format: LogFormat = Field(
+        default="auto",
+        description="text lines for people, or one JSON object per line; auto: text when "
+        "stderr is a terminal, JSON otherwise",
+    )
+    log_json: bool | None = Field(
+        default=None, description="the older switch: true is log_format json, false text"
+    )
 
     @field_validator("admin_token")
     @classmethod
@@ -161,6 +169,13 @@ class Settings(BaseSettings):
     def resolved_storage_root(self) -> str:
         """The default storage root (where new datasets are placed), as a URL."""
         return self.resolved_storage_roots[0].url
+
+    @property
+    def resolved_log_format(self) -> LogFormat:
+        """``log_format``, or what the older ``log_json`` asks for when that is auto."""
+        if self.log_format == "auto" and self.log_json is not None:
+            return "json" if self.log_json else "text"
+        return self.log_format
 
     @property
     def is_sqlite(self) -> bool:

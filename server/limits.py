@@ -7,7 +7,8 @@ JSON, or hold a request open forever by never finishing its body. :class:`Reques
 every request that can carry a body (``POST``, ``PUT``, ``PATCH``, ``DELETE``):
 
 1. a declared ``Content-Length`` above the route's limit is answered 413 at once;
-2. the bearer token is checked (401 without reading a byte of the body);
+2. the bearer token is checked (401 without reading a byte of the body), except on the
+   console's sign-in form, whose small body is the token;
 3. the body is read here, counting bytes as they arrive (chunked bodies too) and within
    ``SHARDSTREAM_BODY_TIMEOUT_S`` from its first byte requested: 413 or 408 otherwise;
 4. the application then gets the whole body at once, so nothing behind this point (a
@@ -31,11 +32,16 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shardstream.errors import APIError
+from shardstream.server.console.session import FORM_LIMIT
+from shardstream.server.console.session import PREFIX as CONSOLE_PREFIX
 from shardstream.server.db import describe_failure
 
 log = logging.getLogger("shardstream.server")
 
 _READS = frozenset({"GET", "HEAD", "OPTIONS"})
+SIGN_IN_PATH = CONSOLE_PREFIX + "/login"
+"""The one body-carrying route without a token: its body (at most the console's form
+limit, within the body timeout) is the token, checked by the route like any other."""
 
 # Shard registration sends up to 5,000 shards with their MDS index entries per request.
 _SHARD_BATCH = re.compile(r"^/v1/datasets/[^/]+/versions/[^/]+/shards/?$")
@@ -53,6 +59,8 @@ class BodyLimits:
         """The byte limit for a request and the setting that sets it."""
         if method == "POST" and _SHARD_BATCH.match(path):
             return self.max_shard_batch_bytes, "SHARDSTREAM_MAX_SHARD_BATCH_BYTES"
+        if path.startswith(CONSOLE_PREFIX + "/"):
+            return min(self.max_bytes, FORM_LIMIT), "the console's form limit"
         return self.max_bytes, "SHARDSTREAM_MAX_BODY_BYTES"
 
 
@@ -102,7 +110,8 @@ class RequestGuard:
             if method in _READS:  # read routes take no body and never read one
                 await self.app(scope, receive, send)
                 return
-            await self._authenticate(scope)
+            if scope.get("path") != SIGN_IN_PATH:  # the sign-in form is how a token arrives
+                await self._authenticate(scope)
             if not has_body:
                 await self.app(scope, receive, send)
                 return

@@ -7,6 +7,7 @@ workers starting at once never race each other.
 
 from __future__ import annotations
 
+import logging
 from functools import cache
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from sqlalchemy import Connection, Engine, text
 
 _MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 _LOCK_ID = 0x5348_4152_4453  # arbitrary, constant: "SHARDS"
+
+log = logging.getLogger("shardstream.server")
 
 
 def alembic_config() -> Config:
@@ -72,5 +75,12 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
             conn.execute(text("SET LOCAL statement_timeout = 0"))
             conn.execute(text("SET LOCAL lock_timeout = 0"))
             conn.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": _LOCK_ID})
+        before = MigrationContext.configure(conn).get_current_revision()
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
+        after = MigrationContext.configure(conn).get_current_revision()
+    # One line for the whole upgrade; alembic's own, one per step, are debug detail.
+    if before == after:
+        log.info("database schema at revision %s", after)
+    else:
+        log.info("database schema migrated from revision %s to %s", before or "none", after)

@@ -10,10 +10,12 @@ with the ``pip install`` line that fixes it.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from shardstream import __version__
 from shardstream.errors import ShardstreamError
@@ -31,10 +33,61 @@ _COMMAND_MODULES = (
 
 Handler = Callable[[argparse.Namespace], int]
 
+# A path the user gave that the operating system refused: reported like ShardstreamError.
+_PATH_ERRORS = (
+    FileNotFoundError,
+    NotADirectoryError,
+    IsADirectoryError,
+    PermissionError,
+    FileExistsError,
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser that names the option a mistyped one was probably meant to be.
+
+    Sub-command parsers are made with the class of their parent, so every parser of the
+    command line is one of these, and each reports the arguments it does not know itself,
+    with its own usage line: ``shardstream build text x --seqlen 5`` ends in
+    ``shardstream build text: error: unrecognized arguments: --seqlen 5 (did you mean
+    --seq-len?)``.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if sys.version_info >= (3, 14):  # argparse's own hints, for mistyped choices
+            kwargs.setdefault("suggest_on_error", True)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            hints = [hint for arg in extras if (hint := self._closest_option(arg))]
+            said = f" (did you mean {' or '.join(hints)}?)" if hints else ""
+            self.error(f"unrecognized arguments: {' '.join(extras)}{said}")
+        return parsed, extras
+
+    def _closest_option(self, arg: str) -> str | None:
+        if not arg.startswith("-"):
+            return None
+        name = arg.split("=", 1)[0]
+        close = difflib.get_close_matches(name, self._option_string_actions, n=1, cutoff=0.75)
+        return close[0] if close else None
+
+
+def _path_error(exc: OSError) -> str:
+    """``No such file or directory: data/corpus.jsonl`` from the OS error of a bad path."""
+    if exc.filename is None:
+        return str(exc)
+    reason = exc.strerror or type(exc).__name__
+    target = f" -> {exc.filename2}" if exc.filename2 is not None else ""
+    return f"{reason}: {exc.filename}{target}"
+
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the top-level parser with every part's sub-commands registered."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="shardstream",
         description="Upload a training dataset once, stream it to many nodes, resume exactly.",
     )
@@ -60,8 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if not args.verbose:  # one line per HTTP request is debugging detail
-        logging.getLogger("httpx").setLevel(logging.WARNING)
+    if not args.verbose:
+        # One line per HTTP request, and alembic's per-step migration lines (the migrate
+        # command prints one line for the whole upgrade), are debugging detail.
+        for noisy in ("httpx", "alembic"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()
@@ -70,6 +126,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except ShardstreamError as exc:
         print(f"shardstream: error: {exc}", file=sys.stderr)
+        return 1
+    except _PATH_ERRORS as exc:
+        print(f"shardstream: error: {_path_error(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("shardstream: interrupted", file=sys.stderr)

@@ -3,7 +3,8 @@
 Each Markdown file becomes one bash script, its examples in document order: ``bash``/``sh``
 blocks verbatim, ``python`` blocks through ``python - <<'EOF'``, so each python example must
 be complete on its own (as a reader would paste it). The script runs in a fresh directory with
-this environment's ``shardstream`` on ``PATH``, in its own session, killed whole at the end.
+this environment's ``shardstream`` on ``PATH``, in its own session, killed whole at the end;
+the documents' scripts run side by side (see ``doc_runs``).
 
 A block that cannot run here (Docker, a real cluster) is preceded by a comment saying why,
 ``<!-- not-run: needs a Docker engine -->``; the reason is required.
@@ -17,6 +18,8 @@ import re
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,29 +84,74 @@ def test_every_skipped_example_says_why(doc: Path) -> None:
         assert block.skip_reason != "", f"{doc.name}:{block.line}: not-run needs a reason"
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("doc", _docs_with_examples(), ids=lambda p: p.name)
-def test_examples_run(doc: Path, tmp_path: Path) -> None:
-    script = tmp_path / "examples.sh"
+@dataclass
+class _DocRun:
+    """One document's examples running as a script in their own directory and session."""
+
+    doc: Path
+    process: subprocess.Popen[bytes]
+    log: Path
+    deadline: float
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)  # background servers it started
+        self.process.wait()
+
+
+def _start(doc: Path, tmp: Path) -> _DocRun:
+    script = tmp / "examples.sh"
     script.write_text(as_script(doc, examples(doc)))
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    env["SHARDSTREAM_CACHE_DIR"] = str(tmp_path / "cache")
+    env["SHARDSTREAM_CACHE_DIR"] = str(tmp / "cache")
     env["SHARDSTREAM_DOCS_REPO"] = str(REPO)
-    work = tmp_path / "work"
+    work = tmp / "work"
     work.mkdir()
-    proc = subprocess.Popen(
-        ["bash", str(script)],
-        cwd=work,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    log = tmp / "output.log"  # a file, not a pipe: nobody reads it until the script ends
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            ["bash", str(script)],
+            cwd=work,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return _DocRun(doc, process, log, time.monotonic() + 300)
+
+
+@pytest.fixture(scope="module")
+def doc_runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[Path, _DocRun]]:
+    """The examples of every document this session tests, all started at once.
+
+    Each python example is a fresh interpreter importing torch (about 1.5 s of CPU) and
+    most documents have several; run one after another they took minutes. Documents share
+    nothing (own directory, own session, servers on their own ports), so they run side by
+    side and the slowest one, not their sum, sets the time.
+    """
+    docs = [
+        item.callspec.params["doc"]
+        for item in request.session.items
+        if isinstance(item, pytest.Function) and item.originalname == "test_examples_run"
+    ]
+    runs = {doc: _start(doc, tmp_path_factory.mktemp(doc.stem)) for doc in docs}
     try:
-        out, _ = proc.communicate(timeout=300)
+        yield runs
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # background servers the examples started
-    assert proc.returncode == 0, f"{doc.name} examples failed:\n{out[-6000:]}"
+        for run in runs.values():
+            run.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("doc", _docs_with_examples(), ids=lambda p: p.name)
+def test_examples_run(doc: Path, doc_runs: dict[Path, _DocRun]) -> None:
+    run = doc_runs[doc]
+    try:
+        returncode = run.process.wait(timeout=max(run.deadline - time.monotonic(), 0))
+    finally:
+        run.stop()
+    out = run.log.read_text(errors="replace")
+    assert returncode == 0, f"{doc.name} examples failed:\n{out[-6000:]}"

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import time
 import venv
 import zipfile
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+_SESSION_START = time.time()  # this module is imported at collection, before any test runs
 SUBPACKAGES = ("shardstream.client", "shardstream.server", "shardstream.shard_builder")
 
 
@@ -117,6 +119,23 @@ def _run_outside_checkout(python: Path, code: str, cwd: Path) -> str:
     )
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+def test_wheel_ships_the_migrations(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    needed = ["alembic.ini", "env.py", "script.py.mako", "versions/0001_initial_schema.py"]
+    for name in [*needed, "versions/0002_version_idempotency_key.py"]:
+        assert f"shardstream/server/migrations/{name}" in names, name
+
+
+def test_the_suite_writes_no_build_folder_into_the_checkout() -> None:
+    """setuptools builds in ``build/`` beside ``pyproject.toml``: a test that builds the
+    checkout itself (``pip wheel <repo>``) leaves one there. ``.gitignore`` hides it from
+    ``git status``, so this looks: nothing under it may be newer than this session."""
+    written = [
+        path for path in (REPO / "build").rglob("*") if path.lstat().st_mtime >= _SESSION_START
+    ]
+    assert not written, f"a test built in the checkout (build from _source_tree): {written[:3]}"
 
 
 def test_installed_wheel_imports_every_package(installed: Path, tmp_path: Path) -> None:

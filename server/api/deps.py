@@ -20,6 +20,7 @@ from shardstream.server.auth import (
     principal_for,
 )
 from shardstream.server.config import Settings
+from shardstream.server.console.session import secret_of as console_secret
 from shardstream.server.data import tokens as tokens_data
 from shardstream.server.models import TokenRow, utcnow
 from shardstream.server.singleflight import SingleFlight
@@ -112,15 +113,21 @@ async def authenticate(request: Request) -> Principal:
     known: Principal | None = request.scope.get(_PRINCIPAL)
     if known is not None:
         return known
-    settings: Settings = request.app.state.settings
-    secret = bearer_secret(request.headers.get("authorization"))
-    admin = settings.admin_token.get_secret_value() if settings.admin_token else None
-    if matches_admin_secret(secret, admin):
-        principal = Principal(name="admin (SHARDSTREAM_ADMIN_TOKEN)", scope=Scope.admin)
-    else:
-        principal = await _lookup(request, secret)
+    header = request.headers.get("authorization")
+    console = console_secret(request) if header is None else None  # the console's cookie
+    secret = console if console is not None else bearer_secret(header)
+    principal = await principal_of(request, secret)
     request.scope[_PRINCIPAL] = principal
     return principal
+
+
+async def principal_of(request: Request, secret: str) -> Principal:
+    """The caller a token secret stands for (401 when unknown, revoked or expired)."""
+    settings: Settings = request.app.state.settings
+    admin = settings.admin_token.get_secret_value() if settings.admin_token else None
+    if matches_admin_secret(secret, admin):
+        return Principal(name="admin (SHARDSTREAM_ADMIN_TOKEN)", scope=Scope.admin)
+    return await _lookup(request, secret)
 
 
 async def _lookup(request: Request, secret: str) -> Principal:

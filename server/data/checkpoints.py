@@ -30,11 +30,20 @@ def to_public(row: CheckpointRow) -> CheckpointPublic:
     return CheckpointPublic.model_validate(row)
 
 
+PROCESS_KEYS = frozenset({"session"})
+"""Plan keys that say which process committed (each rank is one), not where the data
+stands: a replay by another rank with another session id is the same state."""
+
+
+def _state(plan: dict[str, object]) -> dict[str, object]:
+    return {k: v for k, v in plan.items() if k not in PROCESS_KEYS}
+
+
 def _same_state(row: CheckpointRow, body: CheckpointCreate) -> bool:
-    return (row.epoch, row.sample_in_epoch, row.plan) == (
+    return (row.epoch, row.sample_in_epoch, _state(row.plan)) == (
         body.epoch,
         body.sample_in_epoch,
-        body.plan,
+        _state(body.plan),
     )
 
 

@@ -7,6 +7,7 @@ cost) and builds a fresh app; ``api`` is a TestClient with the admin token.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,8 @@ _CLI_ENV = [
     "SHARDSTREAM_PORT",
     "SHARDSTREAM_STORAGE_ROOT",
     "SHARDSTREAM_WORKERS",
+    "SHARDSTREAM_LOG_FORMAT",
+    "SHARDSTREAM_LOG_LEVEL",
     "SHARDSTREAM_MIGRATE_ON_START",
     "SHARDSTREAM_ADMIN_TOKEN",
     "SHARDSTREAM_SERVER",
@@ -39,17 +42,26 @@ _CLI_ENV = [
 ]
 
 
+# The loggers `shardstream server` configures for its process (server/logs.py).
+_CLI_LOGGERS = ["", "shardstream", "uvicorn", "uvicorn.error", "alembic"]
+
+
 @pytest.fixture(autouse=True)
 def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Start each test without SHARDSTREAM_* settings and undo what the CLI sets."""
+    """Start each test without SHARDSTREAM_* settings and undo what the CLI sets: its
+    environment variables and its logging set-up (run in-process, ``main(["server"])``)."""
     from shardstream.server.config import get_settings
 
     for name in _CLI_ENV:
         monkeypatch.setenv(name, "")  # records the original value for teardown...
         monkeypatch.delenv(name)  # ...so variables the CLI sets are removed again
+    loggers = [logging.getLogger(name) for name in _CLI_LOGGERS]
+    saved = [(log.handlers[:], log.level, log.propagate) for log in loggers]
     get_settings.cache_clear()
     yield
     get_settings.cache_clear()
+    for log, (handlers, level, propagate) in zip(loggers, saved, strict=True):
+        log.handlers[:], log.level, log.propagate = handlers, level, propagate
 
 
 @pytest.fixture(scope="session", params=["sqlite", "postgresql"])
