@@ -91,7 +91,16 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
         "--hashes", default="sha1,xxh3_64", help="shard hashes, comma-separated (sha1,xxh3_64)"
     )
     parser.add_argument(
-        "--workers", type=int, default=os.cpu_count() or 1, help="worker processes (all cores)"
+        "--workers",
+        type=int,
+        help="worker processes (default: all cores); with --ray, worker actors (default: "
+        "every CPU of the cluster)",
+    )
+    parser.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="build on a Ray cluster: HOST:PORT or ray://HOST:PORT, 'auto' (the cluster this "
+        "machine is in) or 'local' (start Ray on this machine); needs shardstream[ray]",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
@@ -125,7 +134,7 @@ def _output_options(args: argparse.Namespace, output: str) -> dict[str, Any]:
         "shard_size": parse_size(args.shard_size),
         "compression": compression,
         "hashes": tuple(h.strip() for h in args.hashes.split(",") if h.strip()),
-        "workers": args.workers,
+        "workers": args.workers or os.cpu_count() or 1,
         "progress": not args.no_progress,
         "overwrite": args.overwrite,
         "allow_small_shards": args.allow_small_shards,
@@ -149,6 +158,10 @@ def _run_text(args: argparse.Namespace) -> int:
             chunk_bytes=parse_size(args.chunk_bytes) if args.chunk_bytes else DEFAULT_CHUNK_BYTES,
             **_output_options(args, output),
         )
+        if args.ray:
+            from shardstream.shard_builder.cluster import build_text_on_ray
+
+            return build_text_on_ray(config, _ray_options(args))
         return build_text(config)
 
     return _run(args, build)
@@ -170,9 +183,19 @@ def _run_images(args: argparse.Namespace) -> int:
             verify_images=args.verify_images,
             **_output_options(args, output),
         )
+        if args.ray:
+            from shardstream.shard_builder.cluster import build_images_on_ray
+
+            return build_images_on_ray(config, _ray_options(args))
         return build_images(config)
 
     return _run(args, build)
+
+
+def _ray_options(args: argparse.Namespace) -> Any:
+    from shardstream.shard_builder.cluster import RayOptions
+
+    return RayOptions(address=args.ray, workers=args.workers)
 
 
 def _run(args: argparse.Namespace, build: Callable[[str], Any]) -> int:
@@ -209,6 +232,8 @@ def _run(args: argparse.Namespace, build: Callable[[str], Any]) -> int:
     else:
         result = build(args.output)
         print(result.summary(), file=sys.stderr)
+    for worker in result.workers:
+        print(worker.line(result.kind, result.timings.get("total_s", 0.0)), file=sys.stderr)
     for bad in result.skipped:
         print(f"skipped {bad.source}: {bad.reason}", file=sys.stderr)
     return 0

@@ -14,11 +14,13 @@ middle of someone's training run. Two levels:
 
 from __future__ import annotations
 
+import re
 from io import BytesIO
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _JPEG_EOI = b"\xff\xd9"
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _PNG_IEND = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # length 0, type, CRC: always these bytes
 
 
@@ -64,7 +66,10 @@ def check_image(
                 im.draft(im.mode, (1, 1))  # smallest DCT scale: cheap, yet reads every byte
             im.load()
     except Exception as exc:  # Pillow raises OSError, SyntaxError, ValueError, EOFError, ...
-        raise BadImageError(f"{type(exc).__name__}: {exc}") from None
+        # Without object addresses ("<_io.BytesIO object at 0x7f...>"): the reason is kept
+        # in shardstream.json, which must not depend on the process that checked the image.
+        reason = _ADDRESS.sub("", str(exc))
+        raise BadImageError(f"{type(exc).__name__}: {reason}") from None
     return data
 
 

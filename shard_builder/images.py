@@ -37,7 +37,9 @@ BUILDER_VERSION = 1
 
 
 @dataclass(frozen=True)
-class _Task:
+class ImageTask:
+    """One unit of work: a chunk of images from its item ``skip`` on, and how to check them."""
+
     chunk: ImageChunk
     skip: int
     columns: tuple[tuple[str, str], ...]
@@ -47,16 +49,18 @@ class _Task:
 
 
 @dataclass(frozen=True)
-class _Done:
+class CheckedImages:
+    """A chunk's good samples (encoded, with their item numbers) and its bad images."""
+
     numbers: list[int]
     samples: list[bytes]
     bad: list[tuple[int, BadInput]]
 
 
-def _process_chunk(task: _Task) -> _Done:
+def process_chunk(task: ImageTask) -> CheckedImages:
     """Worker: read, check (and maybe resize) the chunk's images; encode the samples."""
     encode = make_encoder(dict(task.columns))
-    done = _Done([], [], [])
+    done = CheckedImages([], [], [])
     for number, source, data, label in read_items(task.chunk, task.skip):
         try:
             if data is None:
@@ -148,10 +152,10 @@ class _GreedyShards:
 
 def _tasks(
     config: ImageBuildConfig, source: ImageSource, columns: dict[str, str], next_item: int
-) -> list[_Task]:
+) -> list[ImageTask]:
     """Work items for the chunks from item ``next_item`` on."""
     return [
-        _Task(
+        ImageTask(
             chunk,
             max(0, next_item - chunk.first),
             tuple(columns.items()),
@@ -177,7 +181,7 @@ class ImageJob:
     config: ImageBuildConfig
     source: ImageSource
     columns: dict[str, str]
-    tasks: list[_Task]
+    tasks: list[ImageTask]
     sink: ShardSink
     journal: BuildJournal
     shards: list[ShardInfo]
@@ -292,7 +296,7 @@ def _produce_locally(job: ImageJob) -> None:
         done=job.shards,
         skipped=job.skipped,
     )
-    results = ordered_map(_process_chunk, job.tasks, workers=config.workers)
+    results = ordered_map(process_chunk, job.tasks, workers=config.workers)
     for task, processed in zip(job.tasks, results, strict=True):
         if processed.bad and config.on_bad_image == "fail":
             raise bad_images_error([b for _, b in processed.bad])

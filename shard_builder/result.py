@@ -30,6 +30,31 @@ class BadInput:
 
 
 @dataclass(frozen=True)
+class WorkerStats:
+    """What one worker of a distributed build did: ``name`` (node and process), work
+    items, ``items`` (documents or images), input bytes, seconds busy, shards written."""
+
+    name: str
+    chunks: int = 0
+    items: int = 0
+    input_bytes: int = 0
+    busy_s: float = 0.0
+    shards: int = 0
+    written_bytes: int = 0
+
+    def line(self, kind: str, total_s: float) -> str:
+        """``worker 10.0.0.5 pid 812: 1,200 documents/s, 3.1 MB/s in, 4 shards, busy 97%``."""
+        what = "documents" if kind == "text" else "images"
+        secs = max(total_s, 1e-9)
+        return (
+            f"worker {self.name}: {self.items / secs:,.0f} {what}/s, "
+            f"{self.input_bytes / (1 << 20) / secs:,.1f} MB/s in ({self.chunks} chunks), "
+            f"{self.shards} shards ({self.written_bytes / (1 << 20):,.1f} MB) written, "
+            f"busy {100 * self.busy_s / secs:.0f}%"
+        )
+
+
+@dataclass(frozen=True)
 class BuildResult:
     """The outcome of a build.
 
@@ -37,7 +62,7 @@ class BuildResult:
     ``shardstream.json`` (the content options only; ``config`` here is every option of this
     run). ``dropped_tokens`` is the final remainder shorter than a
     sequence (text). ``timings`` holds ``total_s``; ``reused_shards`` counts shards kept
-    from an interrupted run.
+    from an interrupted run. ``workers`` holds per-worker numbers of a Ray build.
     """
 
     kind: str
@@ -57,6 +82,7 @@ class BuildResult:
     skipped: tuple[BadInput, ...] = ()
     reused_shards: int = 0
     timings: dict[str, float] = field(default_factory=dict)
+    workers: tuple[WorkerStats, ...] = ()
 
     @property
     def shards(self) -> list[ShardInfo]:

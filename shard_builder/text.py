@@ -45,7 +45,9 @@ BUILDER_VERSION = 1  # bump when the same inputs would give other bytes
 
 
 @dataclass(frozen=True)
-class _Task:
+class ChunkTask:
+    """One unit of work: a chunk to read and tokenize into ``dtype`` ids."""
+
     chunk: TextChunk
     field: str
     tokenizer: TokenizerSpec
@@ -53,13 +55,15 @@ class _Task:
 
 
 @dataclass(frozen=True)
-class _Tokens:
+class ChunkTokens:
+    """A chunk's token stream (every document + EOS) and its document count."""
+
     tokens: npt.NDArray[Any]
     documents: int
 
 
-def _tokenize_chunk(task: _Task) -> _Tokens:
-    """Worker: read one chunk's documents and tokenize them (runs in a worker process)."""
+def tokenize_chunk(task: ChunkTask) -> ChunkTokens:
+    """Worker: read one chunk's documents and tokenize them (a worker process or Ray actor)."""
     tokenizer = task.tokenizer.load()
     parts: list[npt.NDArray[Any]] = []
     documents = 0
@@ -68,7 +72,7 @@ def _tokenize_chunk(task: _Task) -> _Tokens:
             parts.append(tokenizer.encode_docs(docs).astype(task.dtype, copy=False))
             documents += len(docs)
     tokens = np.concatenate(parts) if parts else np.empty(0, task.dtype)
-    return _Tokens(tokens, documents)
+    return ChunkTokens(tokens, documents)
 
 
 @dataclass
@@ -237,9 +241,10 @@ def _produce_locally(job: TextJob) -> TextTotals:
 
     packer = TokenPacker(config.seq_len, job.samples_per_shard, job.dtype, start)
     tasks = (
-        _Task(chunk, config.field, job.spec, job.dtype.name) for chunk in job.chunks[start.chunk :]
+        ChunkTask(chunk, config.field, job.spec, job.dtype.name)
+        for chunk in job.chunks[start.chunk :]
     )
-    results = ordered_map(_tokenize_chunk, tasks, workers=config.workers)
+    results = ordered_map(tokenize_chunk, tasks, workers=config.workers)
     reported, sample_bytes = 0, config.seq_len * job.dtype.itemsize
     for number, chunk_tokens in enumerate(results, start=start.chunk):
         for block, pos in packer.add(number, chunk_tokens.tokens):

@@ -1,0 +1,130 @@
+"""Joining a Ray cluster for a build, and where Ray is imported.
+
+Ray is an optional extra (``shardstream[ray]``): it is imported here, when a build asks for
+it, never when ``shardstream`` or the builder is imported. :func:`ray_session` joins the
+cluster named by ``--ray`` (``local``: a one-machine instance on loopback; ``auto``: the
+cluster this machine belongs to; ``HOST:PORT`` or ``ray://HOST:PORT``: that cluster) and
+leaves it afterwards; inside a program that already called ``ray.init`` it uses that
+session and leaves it open.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from shardstream.errors import ConfigError
+
+_INSTALL = "pip install 'shardstream[ray]'"
+# Settings the workers need to reach the same object store as the driver. A worker
+# process gets the environment of its node's raylet, not the driver's.
+_FORWARDED_PREFIXES = ("AWS_",)
+_FORWARDED_NAMES = (
+    "NO_PROXY",
+    "no_proxy",
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RayOptions:
+    """How a build uses Ray.
+
+    ``address`` is ``"local"`` (start a Ray instance on this machine, bound to loopback,
+    for trying it), ``"auto"`` (the cluster this machine is a node of), ``"HOST:PORT"`` or
+    ``"ray://HOST:PORT"``. ``workers`` is the number of worker actors, one CPU each
+    (default: every CPU of the cluster). ``forward_env`` passes the driver's ``AWS_*`` and
+    proxy settings to the workers (they upload the shards), ``startup_timeout_s`` is how
+    long to wait for the workers to be placed.
+
+    Example::
+
+        build_text_on_ray(TextBuildConfig(...), RayOptions(address="auto"))
+    """
+
+    address: str = "auto"
+    workers: int | None = None
+    forward_env: bool = True
+    startup_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if not self.address:
+            raise ConfigError("--ray needs an address: local, auto, HOST:PORT or ray://HOST:PORT")
+        if self.workers is not None and self.workers < 1:
+            raise ConfigError(f"workers must be at least 1, got {self.workers}")
+
+
+def import_ray() -> Any:
+    """The ``ray`` module; :class:`ConfigError` with the install line when it is missing."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError(
+            f"building on Ray needs Ray installed on this machine ({exc}): {_INSTALL}"
+        ) from exc
+    return ray
+
+
+def worker_env(forward: bool) -> dict[str, str]:
+    """Environment variables for the worker actors."""
+    env = {
+        # One actor per CPU: HF tokenizers' own thread pool would only oversubscribe it.
+        "TOKENIZERS_PARALLELISM": "false",
+        "RAYON_NUM_THREADS": "1",
+    }
+    if forward:
+        for name, value in os.environ.items():
+            if name.startswith(_FORWARDED_PREFIXES) or name in _FORWARDED_NAMES:
+                env[name] = value
+    return env
+
+
+def _loopback_host(address: str) -> str | None:
+    host = address.removeprefix("ray://").rsplit(":", 1)[0]
+    return host if host.startswith("127.") else None
+
+
+@contextmanager
+def ray_session(options: RayOptions) -> Iterator[Any]:
+    """Join the cluster for the block; yields the ``ray`` module."""
+    ray = import_ray()
+    if ray.is_initialized():
+        yield ray  # the caller's own session: theirs to end
+        return
+    kwargs: dict[str, Any] = {
+        "logging_level": logging.WARNING,
+        "log_to_driver": False,  # worker output would break the progress bar
+        "configure_logging": True,
+    }
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if options.address == "local":
+        # Everything on loopback: a try-out instance must not listen on the network.
+        # (Ray maps 127.0.0.1 to the machine's interface address; 127.0.0.2 stays loopback.)
+        kwargs.update(
+            num_cpus=options.workers or os.cpu_count() or 1,
+            include_dashboard=False,
+            _node_ip_address=os.environ.get("SHARDSTREAM_RAY_LOCAL_IP", "127.0.0.2"),
+        )
+    else:
+        kwargs["address"] = options.address
+        loopback = _loopback_host(options.address)
+        if loopback is not None:  # a cluster on this machine's loopback (tests, try-outs)
+            kwargs["_node_ip_address"] = loopback
+    try:
+        ray.init(**kwargs)
+    except ConnectionError as exc:
+        raise ConfigError(
+            f"cannot join the Ray cluster at {options.address!r} ({exc}); start one with "
+            "'ray start --head', or pass --ray local to start one on this machine"
+        ) from exc
+    try:
+        yield ray
+    finally:
+        ray.shutdown()

@@ -1,0 +1,150 @@
+"""``build_images`` on a Ray cluster: the same shards, checked and written by the workers.
+
+As for text (see :mod:`.text`): actors check chunks of images and keep the encoded
+samples in their node's object store; the driver gets each chunk's sample sizes and bad
+images, in chunk order, packs them with the local builder's :class:`GreedyCut`, and has
+the actor holding most of a shard's samples write and upload it. The journal records
+shards in order, so a killed build resumes after its last stored shard.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, replace
+from typing import Any
+
+from shardstream.shard_builder.cluster.connect import RayOptions, ray_session
+from shardstream.shard_builder.cluster.pool import WorkerPool, worker_pool
+from shardstream.shard_builder.cluster.worker import ImageCount
+from shardstream.shard_builder.config import ImageBuildConfig
+from shardstream.shard_builder.images import (
+    ImageJob,
+    bad_images_error,
+    run_image_build,
+    shard_header_bytes,
+    shard_state,
+)
+from shardstream.shard_builder.packing import GreedyCut
+from shardstream.shard_builder.result import BuildResult, WorkerStats
+
+_MB = 1 << 20
+
+
+def build_images_on_ray(config: ImageBuildConfig, ray: RayOptions | None = None) -> BuildResult:
+    """:func:`~shardstream.shard_builder.build_images` with Ray workers: byte-identical output.
+
+    ``ray.workers`` (default: every CPU of the cluster) sets the number of worker actors;
+    ``config.workers`` is ignored. The result's ``workers`` holds each actor's numbers.
+    """
+    options = ray or RayOptions()
+    stats: list[WorkerStats] = []
+
+    def produce(job: ImageJob) -> None:
+        with ray_session(options) as ray_module, worker_pool(ray_module, config, options) as pool:
+            _Run(job, pool).run()
+            stats.extend(pool.stats())
+
+    result = run_image_build(config, produce)
+    return replace(result, workers=tuple(stats))
+
+
+@dataclass
+class _Write:
+    position: int
+    ref: Any
+    state: dict[str, Any]
+
+
+class _Run:
+    """One image build's driver loop."""
+
+    def __init__(self, job: ImageJob, pool: WorkerPool) -> None:
+        self.job = job
+        self.pool = pool
+        self.window = 2 * len(pool)
+        self.cut = GreedyCut(shard_header_bytes(job.columns, job.config), job.config.shard_size)
+        self.checking: dict[int, tuple[Any, Any, int]] = {}  # task -> sizes, samples, actor
+        self.samples: dict[int, tuple[Any, int]] = {}  # checked tasks a shard still needs
+        self.ranges: list[tuple[int, int, int]] = []  # the open shard: (task, start, end)
+        self.writes: deque[_Write] = deque()
+
+    def run(self) -> None:
+        tasks = self.job.tasks
+        next_submit = next_count = 0
+        while next_count < len(tasks):
+            while next_submit < len(tasks) and next_submit - next_count < self.window:
+                actor = self.pool.least_busy()
+                sizes, samples = self.pool.submit(
+                    actor, "check_images", tasks[next_submit], num_returns=2
+                )
+                self.checking[next_submit] = (sizes, samples, actor)
+                next_submit += 1
+            if len(self.writes) >= self.window:
+                self._record_stored(self.pool.wait_any([self.writes[0].ref]))
+                continue
+            sizes_ref = self.checking[next_count][0]
+            heads = [sizes_ref] + ([self.writes[0].ref] if self.writes else [])
+            ready = self.pool.wait_any(heads)
+            self._record_stored(ready)
+            if sizes_ref in ready:
+                self._count(next_count)
+                next_count += 1
+        self._close(self.job.end_item, final=True)
+        while self.writes:
+            self._record_stored(self.pool.wait_any([self.writes[0].ref]))
+
+    def _count(self, task: int) -> None:
+        sizes_ref, samples_ref, actor = self.checking.pop(task)
+        counted: ImageCount = self.pool.get(sizes_ref)
+        if counted.bad and self.job.config.on_bad_image == "fail":
+            raise bad_images_error([b for _, b in counted.bad])
+        self.job.skipped.extend(counted.bad)
+        self.samples[task] = (samples_ref, actor)
+        for i, (number, size) in enumerate(zip(counted.numbers, counted.sizes, strict=True)):
+            if self.cut.add(size):
+                self._close(number)
+            if self.ranges and self.ranges[-1][0] == task:
+                self.ranges[-1] = (task, self.ranges[-1][1], i + 1)
+            else:
+                self.ranges.append((task, i, i + 1))
+        needed = {t for t, _, _ in self.ranges}
+        for done in [t for t in self.samples if t not in needed]:
+            del self.samples[done]  # every sample of it is in a shard: Ray frees them
+        self.job.progress.advance(
+            self.job.tasks[task].chunk.nbytes,
+            len(counted.sizes),
+            sum(counted.sizes),
+            bad_images=len(counted.bad),
+        )
+
+    def _close(self, next_item: int, *, final: bool = False) -> None:
+        """Have the open shard written; ``next_item`` is where a resume would start."""
+        if not self.ranges:
+            return
+        position = len(self.job.shards) + len(self.writes)
+        held: dict[int, int] = {}
+        for task, start, end in self.ranges:
+            owner = self.samples[task][1]
+            held[owner] = held.get(owner, 0) + end - start
+        ref = self.pool.submit(
+            max(held, key=held.__getitem__),
+            "write_samples",
+            position,
+            tuple((start, end) for _, start, end in self.ranges),
+            self.job.columns,
+            *(self.samples[task][0] for task, _, _ in self.ranges),
+        )
+        state = shard_state(self.job.skipped, next_item, final=final)
+        self.writes.append(_Write(position, ref, state))
+        self.ranges = []
+
+    def _record_stored(self, ready: set[Any]) -> None:
+        while self.writes and (
+            self.writes[0].ref in ready or self.pool.wait_any([self.writes[0].ref], timeout=0)
+        ):
+            write = self.writes.popleft()
+            info = self.pool.get(write.ref)
+            assert write.position == len(self.job.shards)
+            self.job.shards.append(info)
+            self.job.journal.record(write.position, info, write.state)
+            self.job.progress.count(shards=1, MB_written=info.stored.bytes / _MB)

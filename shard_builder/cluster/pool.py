@@ -1,0 +1,172 @@
+"""The driver's side of the worker actors: starting them, giving them work, their errors.
+
+Work goes to the least busy actor (or, for a shard, to the actor whose node holds most of
+its input); the driver keeps only object references and small results. Ray's errors are
+translated here, once: an error the builder raised in a worker (bad input) comes out as
+itself, a lost worker, node or object as one :class:`ShardstreamError` saying that the
+finished shards are kept and a re-run resumes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from shardstream.errors import ConfigError, ShardstreamError
+from shardstream.shard_builder.cluster.connect import RayOptions, worker_env
+from shardstream.shard_builder.cluster.worker import BuildWorker
+from shardstream.shard_builder.config import OutputOptions
+from shardstream.shard_builder.result import WorkerStats
+
+log = logging.getLogger(__name__)
+
+_RESUME = "the finished shards are kept: run the same command again to resume"
+
+
+class WorkerPool:
+    """The build's worker actors (one CPU each), spread over the cluster's nodes."""
+
+    def __init__(self, ray: Any, actors: list[Any]) -> None:
+        self._ray = ray
+        self.actors = actors
+        self._busy: dict[Any, int] = {}  # pending result -> actor number
+
+    def __len__(self) -> int:
+        return len(self.actors)
+
+    def least_busy(self) -> int:
+        """The number of the actor with the fewest unfinished calls."""
+        self._forget_finished()
+        load = [0] * len(self.actors)
+        for number in self._busy.values():
+            load[number] += 1
+        return min(range(len(load)), key=load.__getitem__)
+
+    def submit(self, number: int, method: str, *args: Any, num_returns: int = 1) -> Any:
+        """Call ``method`` of actor ``number``; returns its reference(s)."""
+        call = getattr(self.actors[number], method)
+        refs = call.options(num_returns=num_returns).remote(*args)
+        self._busy[refs[0] if num_returns > 1 else refs] = number
+        return refs
+
+    def _forget_finished(self) -> None:
+        if self._busy:
+            ready, _ = self._ray.wait(
+                list(self._busy), num_returns=len(self._busy), timeout=0, fetch_local=False
+            )
+            for ref in ready:
+                del self._busy[ref]
+
+    def get(self, ref: Any) -> Any:
+        """The value of ``ref``, with Ray's errors translated (see the module doc)."""
+        with translate_errors(self._ray):
+            return self._ray.get(ref)
+
+    def wait_any(self, refs: Sequence[Any], timeout: float = 0.5) -> set[Any]:
+        """The references of ``refs`` that are ready (waits at most ``timeout``)."""
+        with translate_errors(self._ray):
+            ready, _ = self._ray.wait(list(refs), num_returns=1, timeout=timeout, fetch_local=False)
+        return set(ready)
+
+    def stats(self) -> list[WorkerStats]:
+        """Each actor's numbers (actors that died are left out)."""
+        out = []
+        for actor in self.actors:
+            try:
+                out.append(self._ray.get(actor.stats.remote(), timeout=30))
+            except Exception as exc:  # a dead actor: its numbers are lost, the build is not
+                log.warning("no statistics from a worker: %s", exc)
+        return out
+
+
+@contextmanager
+def translate_errors(ray: Any) -> Iterator[None]:
+    """Re-raise Ray's errors as the builder's (see the module doc)."""
+    exceptions = ray.exceptions
+    try:
+        yield
+    except exceptions.RayTaskError as exc:
+        cause = exc.cause
+        if isinstance(cause, ShardstreamError):
+            raise cause from None
+        raise ShardstreamError(
+            f"a Ray worker failed: {type(cause).__name__}: {cause}; {_RESUME}"
+        ) from exc
+    except (
+        exceptions.RayActorError,
+        exceptions.ObjectLostError,
+        exceptions.WorkerCrashedError,
+        exceptions.NodeDiedError,
+        exceptions.OwnerDiedError,
+    ) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ShardstreamError(
+            f"a Ray worker or its node was lost during the build ({type(exc).__name__}: "
+            f"{first}); {_RESUME}"
+        ) from exc
+    except exceptions.RayError as exc:
+        raise ShardstreamError(f"Ray failed during the build ({exc}); {_RESUME}") from exc
+
+
+@contextmanager
+def worker_pool(ray: Any, config: OutputOptions, options: RayOptions) -> Iterator[WorkerPool]:
+    """Start the worker actors for the block, then stop them (also when the build fails:
+    no worker keeps writing into an output the driver gave up)."""
+    cpus = int(ray.cluster_resources().get("CPU", 0))
+    wanted = options.workers or cpus
+    if wanted < 1:
+        raise ConfigError(f"the Ray cluster at {options.address!r} has no CPUs for workers")
+    actor_class = ray.remote(num_cpus=1, max_restarts=0)(BuildWorker)
+    env = worker_env(options.forward_env)
+    actors = [
+        actor_class.options(scheduling_strategy="SPREAD", runtime_env={"env_vars": env}).remote(
+            config.output, config
+        )
+        for _ in range(wanted)
+    ]
+    try:
+        actors = _started(ray, actors, options, cpus)
+        yield WorkerPool(ray, actors)
+    finally:
+        for actor in actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception as exc:  # already gone
+                log.debug("killing a worker: %s", exc)
+
+
+def _started(ray: Any, actors: list[Any], options: RayOptions, cpus: int) -> list[Any]:
+    """The actors that came up within the start-up timeout (all of them, normally)."""
+    names = {actor.name.remote(): actor for actor in actors}
+    deadline = time.monotonic() + options.startup_timeout_s
+    ready: list[Any] = []
+    pending = list(names)
+    while pending and time.monotonic() < deadline:
+        done, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+        ready.extend(done)
+        if ready and len(ready) >= cpus:
+            break
+    if not ready:
+        raise ShardstreamError(
+            f"no Ray worker started within {options.startup_timeout_s:.0f} s on the cluster "
+            f"at {options.address!r} ({cpus} CPUs): is it busy with other jobs?"
+        )
+    up = [names[ref] for ref in ready]
+    with translate_errors(ray):
+        where = ray.get(ready)
+    if len(up) < len(actors):
+        log.warning(
+            "only %d of %d Ray workers started (the cluster has %d CPUs); building with them",
+            len(up),
+            len(actors),
+            cpus,
+        )
+        kept = {id(actor) for actor in up}
+        for actor in actors:
+            if id(actor) not in kept:
+                ray.kill(actor, no_restart=True)
+    log.info("building with %d Ray workers: %s", len(up), ", ".join(sorted(where)))
+    return up

@@ -1,0 +1,209 @@
+"""The build worker: one Ray actor per CPU, doing every step but the bookkeeping.
+
+An actor tokenizes (or checks images of) chunks with the local builder's own functions,
+keeping the tokenizer loaded for its lifetime; the results stay in the Ray object store of
+its node and only their counts go to the driver. Asked to write a shard, it gathers that
+shard's pieces (from its own node or another), writes the file with the MDS codec and
+uploads it straight to the output (multipart, through :mod:`shardstream.storage`), and
+returns the :class:`ShardInfo`: the only thing of a shard the driver ever holds.
+
+This module does not import Ray; :mod:`.pool` turns :class:`BuildWorker` into an actor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from shardstream.mds import ShardInfo, write_shard, write_shard_arrays
+from shardstream.shard_builder.config import OutputOptions
+from shardstream.shard_builder.images import CheckedImages, ImageTask, process_chunk
+from shardstream.shard_builder.journal import shard_key
+from shardstream.shard_builder.packing import Piece, gather
+from shardstream.shard_builder.result import WorkerStats
+from shardstream.shard_builder.sink import local_output_dir
+from shardstream.shard_builder.text import ChunkTask, tokenize_chunk
+from shardstream.storage import ObjectStore, open_store
+
+_SHARD_MODE = 0o644
+
+
+@dataclass(frozen=True)
+class TokenCount:
+    """What the driver learns of a tokenized chunk: its tokens and documents."""
+
+    tokens: int
+    documents: int
+
+
+@dataclass(frozen=True)
+class ImageCount:
+    """What the driver learns of a checked chunk: item numbers, sample sizes, bad images."""
+
+    numbers: list[int]
+    sizes: list[int]
+    bad: list[tuple[int, Any]]  # (item, BadInput)
+
+
+class WorkerOutput:
+    """Where a worker puts a shard it wrote: the output folder, or the object store."""
+
+    def __init__(self, output: str) -> None:
+        local = local_output_dir(output)
+        self._store: ObjectStore | None = None
+        if local is not None:  # a path every node sees (one machine, or a shared file system)
+            self.folder = local.absolute()
+            self.folder.mkdir(parents=True, exist_ok=True)
+        else:
+            self._store = open_store(output)
+            self.folder = Path(tempfile.mkdtemp(prefix="shardstream-ray-"))
+
+    def store(self, info: ShardInfo) -> None:
+        """The codec wrote ``info``'s file into :attr:`folder`: make it part of the output."""
+        path = self.folder / info.stored.basename
+        if self._store is None:
+            path.chmod(_SHARD_MODE)  # the codec's temp files are 0600
+            return
+        try:
+            self._store.upload(path, info.stored.basename)
+        finally:
+            path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Remove the staging folder (object-store outputs)."""
+        if self._store is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class BuildWorker:
+    """A Ray actor (see :mod:`.pool`) that tokenizes, checks images and writes shards."""
+
+    def __init__(self, output: str, options: OutputOptions) -> None:
+        self._out = WorkerOutput(output)
+        self._options = options
+        self._name = f"{_node_ip()} pid {os.getpid()}"
+        self._chunks = self._items = self._input = self._shards = self._written = 0
+        self._busy = 0.0
+
+    def name(self) -> str:
+        """Node address and process id (also: answers once the actor is up)."""
+        return self._name
+
+    def tokenize(self, task: ChunkTask) -> tuple[TokenCount, npt.NDArray[Any]]:
+        """Tokenize one chunk: its counts (for the driver) and its tokens (stay here)."""
+        started = time.perf_counter()
+        result = tokenize_chunk(task)
+        self._account(started, chunks=1, items=result.documents, input_bytes=task.chunk.nbytes)
+        return TokenCount(len(result.tokens), result.documents), result.tokens
+
+    def check_images(self, task: ImageTask) -> tuple[ImageCount, list[bytes]]:
+        """Check one chunk of images: numbers, sizes and bad images; the samples stay here."""
+        started = time.perf_counter()
+        done: CheckedImages = process_chunk(task)
+        self._account(started, chunks=1, items=len(done.samples), input_bytes=task.chunk.nbytes)
+        sizes = [len(s) for s in done.samples]
+        return ImageCount(done.numbers, sizes, done.bad), done.samples
+
+    def write_tokens(
+        self,
+        position: int,
+        pieces: tuple[Piece, ...],
+        chunks: tuple[int, ...],
+        columns: dict[str, str],
+        seq_len: int,
+        *arrays: npt.NDArray[Any],
+    ) -> ShardInfo:
+        """Write shard ``position`` from ``pieces`` of the chunks' token arrays, store it."""
+        started = time.perf_counter()
+        block = gather(pieces, dict(zip(chunks, arrays, strict=True)))
+        (column,) = columns
+        opts = self._options
+        info = write_shard_arrays(
+            self._out.folder,
+            shard_key(position, opts.spread_prefixes),
+            columns,
+            {column: np.ascontiguousarray(block).reshape(-1, seq_len)},
+            compression=opts.compression,
+            hashes=opts.hashes,
+            size_limit=opts.shard_size,
+        )
+        self._out.store(info)
+        self._account(started, shards=1, written=info.stored.bytes)
+        return info
+
+    def write_samples(
+        self,
+        position: int,
+        ranges: tuple[tuple[int, int], ...],
+        columns: dict[str, str],
+        *sample_lists: list[bytes],
+    ) -> ShardInfo:
+        """Write shard ``position`` from ``sample_lists[i][start:end]`` for each range, store it."""
+        started = time.perf_counter()
+        samples = [
+            s for (lo, hi), got in zip(ranges, sample_lists, strict=True) for s in got[lo:hi]
+        ]
+        opts = self._options
+        info = write_shard(
+            self._out.folder,
+            shard_key(position, opts.spread_prefixes),
+            columns,
+            samples,
+            compression=opts.compression,
+            hashes=opts.hashes,
+            size_limit=opts.shard_size,
+        )
+        self._out.store(info)
+        self._account(started, shards=1, written=info.stored.bytes)
+        return info
+
+    def stats(self) -> WorkerStats:
+        """What this worker did so far."""
+        return WorkerStats(
+            name=self._name,
+            chunks=self._chunks,
+            items=self._items,
+            input_bytes=self._input,
+            busy_s=self._busy,
+            shards=self._shards,
+            written_bytes=self._written,
+        )
+
+    def close(self) -> None:
+        """Remove the worker's staging folder."""
+        self._out.close()
+
+    def _account(
+        self,
+        started: float,
+        *,
+        chunks: int = 0,
+        items: int = 0,
+        input_bytes: int = 0,
+        shards: int = 0,
+        written: int = 0,
+    ) -> None:
+        self._busy += time.perf_counter() - started
+        self._chunks += chunks
+        self._items += items
+        self._input += input_bytes
+        self._shards += shards
+        self._written += written
+
+
+def _node_ip() -> str:
+    with contextlib.suppress(Exception):
+        import ray
+
+        return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+    return socket.gethostname()
