@@ -198,6 +198,24 @@ def _ray_options(args: argparse.Namespace) -> Any:
     return RayOptions(address=args.ray, workers=args.workers)
 
 
+# Options that do not change what a build writes: a re-run may change them and still
+# continue the draft (and journal) of the run it repeats.
+_RUN_ONLY_OPTIONS = frozenset(
+    {"handler", "token", "no_progress", "workers", "ray", "verbose", "server", "description"}
+)
+
+
+def _resume_key(args: argparse.Namespace) -> str:
+    """The same command (from the same folder) gives the same key: see ``DraftVersion``."""
+    import hashlib
+    import json
+
+    command = {k: v for k, v in vars(args).items() if k not in _RUN_ONLY_OPTIONS}
+    command["cwd"] = os.getcwd()
+    digest = hashlib.sha256(json.dumps(command, sort_keys=True, default=str).encode())
+    return f"shardstream-build-{digest.hexdigest()}"
+
+
 def _run(args: argparse.Namespace, build: Callable[[str], Any]) -> int:
     """Run ``build(output)``; with ``--dataset``, inside a server draft that it publishes."""
     import sys
@@ -221,6 +239,7 @@ def _run(args: argparse.Namespace, build: Callable[[str], Any]) -> int:
             description=args.description,
             token=args.token,
             storage_root=publish.storage_url(args.output) if args.output else None,
+            resume_key=_resume_key(args),
         ) as draft:
             # A draft aborts if the build raises, so a failed build is never published.
             result = build(args.output or draft.storage_root)

@@ -71,6 +71,8 @@ class DraftVersion:
     later, by :meth:`add_build` or :meth:`update`, before the first shard is added.
     A ``storage_root`` other than the one the server assigns needs an admin token (it
     registers shards that already exist in place, inside the server's storage roots).
+    ``resume_key`` names the logical build (``shardstream build`` derives it from the
+    command): a re-run after a kill continues the draft the killed run left open.
     """
 
     def __init__(
@@ -84,6 +86,7 @@ class DraftVersion:
         lineage: Mapping[str, Any] | None = None,
         description: str = "",
         token: str | None = None,
+        resume_key: str | None = None,
     ) -> None:
         if api is None or isinstance(api, str):
             from shardstream.api_client import APIClient
@@ -99,6 +102,7 @@ class DraftVersion:
         self._builder_config = dict(builder_config or {})
         self._lineage = dict(lineage or {})
         self._description = description
+        self._resume_key = resume_key
         self._version: VersionPublic | None = None
         self._next_index = 0
 
@@ -122,18 +126,30 @@ class DraftVersion:
         return self.version.storage_root
 
     def open(self) -> VersionPublic:
-        """Create the dataset if missing and open the draft."""
+        """Create the dataset if missing and open the draft.
+
+        With a ``resume_key``, a draft that an earlier run with the same key opened and
+        left open (it was killed) is continued: same version, same storage root, so the
+        build finds its journal there and reuses the finished shards.
+        """
         self.api.ensure_dataset(self.dataset, description=self._description)
-        self._version = self.api.create_version(
+        version = self._create(self._resume_key) if self._resume_key is not None else None
+        if version is None or version.status != "draft":  # published or aborted: a new one
+            version = self._create(None)
+        self._version = version
+        # Where the shards go is logged once known (a build may write them elsewhere).
+        log.info("opened draft %s v%d", self.dataset, self.number)
+        return self._version
+
+    def _create(self, key: str | None) -> VersionPublic:
+        return self.api.create_version(
             self.dataset,
             self._columns,
             storage_root=storage_url(self._storage_root) if self._storage_root else None,
             builder_config=self._builder_config,
             lineage=self._lineage,
+            idempotency_key=key,
         )
-        # Where the shards go is logged once known (a build may write them elsewhere).
-        log.info("opened draft %s v%d", self.dataset, self.number)
-        return self._version
 
     def update(
         self,

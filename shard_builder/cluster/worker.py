@@ -91,7 +91,7 @@ class BuildWorker:
     def __init__(self, output: str, options: OutputOptions) -> None:
         self._out = WorkerOutput(output)
         self._options = options
-        self._name = f"{_node_ip()} pid {os.getpid()}"
+        self._name = f"{_node_name()} pid {os.getpid()}"
         self._chunks = self._items = self._input = self._shards = self._written = 0
         self._busy = 0.0
 
@@ -201,9 +201,11 @@ class BuildWorker:
         self._written += written
 
 
-def _node_ip() -> str:
+def _node_name() -> str:
+    """``10.0.0.5 node 3fa2c1d0``: the node's address and the start of its Ray node id."""
     with contextlib.suppress(Exception):
         import ray
 
-        return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+        ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        return f"{ip} node {ray.get_runtime_context().get_node_id()[:8]}"
     return socket.gethostname()

@@ -1,0 +1,127 @@
+"""The builder on a real two-node Ray cluster (``ray_cluster``: two raylets on loopback).
+
+Every Ray build is compared byte for byte with the local builder's output for the same
+inputs and options: shards, ``index.json`` and ``shardstream.json``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shardstream.shard_builder import ImageBuildConfig, TextBuildConfig, build_images, build_text
+from shardstream.shard_builder.cluster import RayOptions, build_images_on_ray, build_text_on_ray
+from shardstream.storage import open_store
+from tests.builder.conftest import (
+    dir_bytes,
+    jpeg_bytes,
+    make_docs,
+    read_with_ours,
+    write_jsonl,
+    write_parquet,
+)
+from tests.fixtures.ray_cluster import RayCluster
+from tests.fixtures.s3 import S3Bucket
+
+SMALL = {"shard_size": 8192, "allow_small_shards": True, "progress": False}
+
+
+def _stored(url: str) -> dict[str, bytes]:
+    store = open_store(url)
+    return {key: store.read_bytes(key) for key, _ in store.list()}
+
+
+def test_text_on_two_nodes_is_byte_identical_to_the_local_build(
+    tmp_path: Path, tokenizer_file: Path, s3_bucket: S3Bucket, ray_cluster: RayCluster
+) -> None:
+    docs = make_docs(3000, seed=31, max_words=120)
+    write_jsonl(tmp_path / "a.jsonl", docs[:1800])
+    write_parquet(tmp_path / "b.parquet", docs[1800:], row_group_size=300)
+    options = {
+        "inputs": (str(tmp_path / "a.jsonl"), str(tmp_path / "b.parquet")),
+        "tokenizer": tokenizer_file,
+        "seq_len": 64,
+        "chunk_bytes": 32 << 10,
+        **SMALL,
+    }
+    local = build_text(TextBuildConfig(output=str(tmp_path / "local"), workers=1, **options))
+    url = f"{s3_bucket.url}/corpus"
+    result = build_text_on_ray(
+        TextBuildConfig(output=url, **options), RayOptions(address=ray_cluster.address)
+    )
+    assert _stored(url) == dir_bytes(tmp_path / "local")  # shards, index.json, shardstream.json
+    assert len(result.shards) == len(local.shards) > 20
+    assert (result.samples, result.tokens, result.documents) == (
+        local.samples,
+        local.tokens,
+        local.documents,
+    )
+    # Both nodes worked: one actor per CPU, each tokenizing and writing.
+    nodes = {w.name.split(" pid ")[0] for w in result.workers}
+    assert len(nodes) == 2
+    assert all(w.chunks > 0 and w.shards > 0 for w in result.workers)
+    assert sum(w.items for w in result.workers) == len(docs)
+    assert sum(w.shards for w in result.workers) == len(result.shards)
+
+
+def test_one_ray_worker_writes_the_same_bytes_as_two(
+    tmp_path: Path, ray_cluster: RayCluster
+) -> None:
+    write_jsonl(tmp_path / "d.jsonl", make_docs(1500, seed=32))
+    options = {"inputs": (str(tmp_path / "d.jsonl"),), "seq_len": 32, "chunk_bytes": 16 << 10}
+    for workers in (1, 2):
+        build_text_on_ray(
+            TextBuildConfig(output=str(tmp_path / f"w{workers}"), **options, **SMALL),
+            RayOptions(address=ray_cluster.address, workers=workers),
+        )
+    build_text(TextBuildConfig(output=str(tmp_path / "local"), workers=2, **options, **SMALL))
+    assert dir_bytes(tmp_path / "w1") == dir_bytes(tmp_path / "w2") == dir_bytes(tmp_path / "local")
+
+
+def test_images_on_two_nodes_are_byte_identical_to_the_local_build(
+    tmp_path: Path, ray_cluster: RayCluster
+) -> None:
+    root = tmp_path / "images"
+    for label in range(3):
+        (root / f"class{label}").mkdir(parents=True)
+        for i in range(90):
+            size = (64 + 8 * (i % 5), 48)
+            (root / f"class{label}" / f"{i:04d}.jpg").write_bytes(
+                jpeg_bytes(label * 1000 + i, size)
+            )
+    (root / "class1" / "0007.jpg").write_bytes(b"\xff\xd8\xff not a jpeg")
+    options = {"inputs": (str(root),), "on_bad_image": "skip", **SMALL, "shard_size": 16 << 10}
+    build_images(ImageBuildConfig(output=str(tmp_path / "local"), workers=1, **options))
+    result = build_images_on_ray(
+        ImageBuildConfig(output=str(tmp_path / "ray"), **options),
+        RayOptions(address=ray_cluster.address),
+    )
+    assert dir_bytes(tmp_path / "ray") == dir_bytes(tmp_path / "local")
+    assert [b.source for b in result.skipped] == [str(root / "class1" / "0007.jpg")]
+    labels = [s["label"] for s in read_with_ours(tmp_path / "ray")]
+    assert labels == sorted(labels) and len(labels) == 269
+    assert len({w.name.split(" pid ")[0] for w in result.workers}) == 2
+
+
+def test_bad_input_found_by_a_worker_is_the_local_builders_error(
+    tmp_path: Path, ray_cluster: RayCluster
+) -> None:
+    from shardstream.errors import InputError
+
+    write_jsonl(tmp_path / "d.jsonl", make_docs(400, seed=33))
+    with (tmp_path / "d.jsonl").open("a") as fh:
+        fh.write('{"text": "fine"}\n{broken\n')
+    with pytest.raises(InputError, match=r"d\.jsonl:402: invalid JSON"):
+        build_text_on_ray(
+            TextBuildConfig(
+                output=str(tmp_path / "out"),
+                inputs=(str(tmp_path / "d.jsonl"),),
+                seq_len=16,
+                chunk_bytes=4096,
+                **SMALL,
+            ),
+            RayOptions(address=ray_cluster.address),
+        )
+    assert not (tmp_path / "out" / "index.json").exists()
+    assert not list((tmp_path / "out").glob("shard.*"))  # an input error discards the output
