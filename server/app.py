@@ -117,7 +117,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (datasets, versions, shards, runs, tokens):
         app.include_router(module.router)
     app.include_router(health.router)
-    console.install(app)
+    if settings.console:
+        console.install(app)
     limits = BodyLimits(
         max_bytes=settings.max_body_bytes,
         max_shard_batch_bytes=settings.max_shard_batch_bytes,

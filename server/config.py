@@ -118,6 +118,9 @@ class Settings(BaseSettings):
     log_json: bool | None = Field(
         default=None, description="the older switch: true is log_format json, false text"
     )
+    console: bool = Field(
+        default=True, description="serve the web console at /ui (false: the API only)"
+    )
 
     @field_validator("admin_token")
     @classmethod

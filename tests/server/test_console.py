@@ -14,6 +14,8 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from shardstream.server.app import create_app
+from shardstream.server.config import Settings
 from tests.server.conftest import ADMIN, make_published
 
 CSRF = re.compile(r'name="csrf" value="([0-9a-f]{64})"')
@@ -229,3 +231,15 @@ def test_a_replay_by_another_rank_differs_only_in_its_session(
     assert api.post(url, json=same).status_code == 200
     other = {**same, "plan": {"world_size": 8, "session": "b"}}
     assert api.post(url, json=other).status_code == 409
+
+
+def test_the_console_can_be_turned_off(settings: Settings) -> None:
+    off = create_app(settings.model_copy(update={"console": False}))
+    try:
+        with TestClient(off) as client:
+            assert client.get("/ui/login").status_code == 404
+            assert client.post("/ui/login", data={"token": ADMIN}).status_code == 404
+            api = client.get("/v1/datasets", headers={"Authorization": f"Bearer {ADMIN}"})
+            assert api.status_code == 200
+    finally:
+        off.state.engine.dispose()
