@@ -1,0 +1,211 @@
+"""Ray builds killed mid-way (the driver, or a whole worker node) and run again.
+
+The re-run reuses every shard the killed run had journaled and tokenizes only the chunks
+from the one the journal stops in; the output is byte-identical to an uninterrupted local
+build; with ``--dataset`` nothing is published until the re-run finishes, and a failed
+build leaves an aborted draft.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from shardstream.api_client import APIClient
+from shardstream.shard_builder import TextBuildConfig, build_text
+from shardstream.shard_builder.inputs import resolve_inputs
+from shardstream.shard_builder.text_source import plan_chunks
+from shardstream.storage import open_store
+from tests.builder.conftest import dir_bytes, make_docs, write_jsonl
+from tests.fixtures.ray_cluster import RayCluster
+from tests.fixtures.s3 import S3Bucket
+from tests.fixtures.server import start_server
+
+REPO = Path(__file__).resolve().parents[2]
+CHUNK = 32 << 10
+SMALL = ["--seq-len", "64", "--shard-size", "8KB", "--allow-small-shards", "--no-progress"]
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "shardstream", "build", *args, "--chunk-bytes", str(CHUNK)]
+
+
+def _journal(url: str) -> list[dict[str, object]]:
+    """The journaled shards of the build at ``url``, the longest prefix 0, 1, 2, ..."""
+    store = open_store(url)
+    entries = {
+        key.rsplit("/", 1)[1]: json.loads(store.read_bytes(key))
+        for key, _ in store.list(".shardstream-build/done")
+    }
+    prefix = []
+    while (name := f"shard.{len(prefix):05d}.mds.json") in entries:
+        prefix.append(entries[name])
+    return prefix
+
+
+def _run_until(args: list[str], done: Callable[[], bool], cwd: Path) -> subprocess.Popen[bytes]:
+    """Start the build; return once ``done()`` holds (the build still running)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(args, start_new_session=True, stderr=subprocess.PIPE, cwd=cwd, env=env)
+    deadline = time.monotonic() + 120
+    while not done():
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode() if proc.stderr else ""
+            pytest.fail(f"the build ended (rc {proc.returncode}) before the kill: {err}")
+        assert time.monotonic() < deadline, "the build made no progress in 120 s"
+        time.sleep(0.05)
+    return proc
+
+
+def _rerun(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        args, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def _tokenized_chunks(stderr: str) -> int:
+    """Chunks tokenized by the run, from its per-worker summary lines."""
+    counts = re.findall(r"^worker .*\((\d+) chunks\)", stderr, re.MULTILINE)
+    assert len(counts) == 2, stderr
+    return sum(map(int, counts))
+
+
+def _reference(tmp_path: Path, inputs: list[Path], tokenizer: Path | None) -> dict[str, bytes]:
+    build_text(
+        TextBuildConfig(
+            output=str(tmp_path / "ref"),
+            inputs=tuple(map(str, inputs)),
+            tokenizer=tokenizer,
+            seq_len=64,
+            shard_size=8192,
+            allow_small_shards=True,
+            chunk_bytes=CHUNK,
+            workers=1,
+            progress=False,
+        )
+    )
+    return dir_bytes(tmp_path / "ref")
+
+
+@pytest.mark.slow
+def test_driver_killed_then_rerun_publishes_once_reusing_finished_shards(
+    tmp_path: Path,
+    tokenizer_file: Path,
+    s3_bucket: S3Bucket,
+    postgres_url: str,
+    ray_cluster: RayCluster,
+) -> None:
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", make_docs(9000, seed=41, max_words=120))
+    chunks = len(plan_chunks(resolve_inputs([str(corpus)], (".jsonl",)), "text", CHUNK))
+    with start_server(
+        tmp_path / "server", database_url=postgres_url, storage_root=f"{s3_bucket.url}/datasets"
+    ) as server:
+        api = APIClient(server.url, server.token)
+        args = _cli(
+            "text", str(corpus), "--tokenizer", str(tokenizer_file), *SMALL,
+            "--ray", ray_cluster.address,
+            "--server", server.url, "--token", server.token, "--dataset", "corpus",
+        )  # fmt: skip
+
+        def journaled(shards: int) -> Callable[[], bool]:
+            def check() -> bool:
+                try:
+                    root = api.get_version("corpus", 1).storage_root
+                except Exception:
+                    return False  # no draft yet
+                return len(_journal(root)) >= shards
+
+            return check
+
+        proc = _run_until(args, journaled(15), tmp_path)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+        # Killed: a draft, nothing published, no index in storage.
+        draft = api.get_version("corpus", 1)
+        assert draft.status == "draft" and draft.num_shards == 0
+        assert api.get_dataset("corpus").latest_published is None
+        store = open_store(draft.storage_root)
+        assert store.size("index.json") is None
+        journal = _journal(draft.storage_root)
+        resume_chunk = journal[-1]["resume"]["stream"]["chunk"]  # type: ignore[index]
+
+        rerun = _rerun(args, tmp_path)
+        assert "published corpus version 1" in rerun.stderr  # the same draft, continued
+        assert f"{len(journal)} shards reused" in rerun.stderr
+        # Only the chunks from the one the journal stopped in are tokenized again.
+        assert _tokenized_chunks(rerun.stderr) == chunks - resume_chunk < chunks
+        version = api.get_version("corpus", 1)
+        assert version.status == "published"
+        stored = {key: store.read_bytes(key) for key, _ in store.list()}
+        assert stored == _reference(tmp_path, [corpus], tokenizer_file)
+        assert version.num_shards == len([k for k in stored if k.startswith("shard.")])
+        api.close()
+
+
+@pytest.mark.slow
+def test_worker_node_lost_fails_clearly_then_rerun_resumes(
+    tmp_path: Path, s3_bucket: S3Bucket, ray_cluster: RayCluster
+) -> None:
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", make_docs(6000, seed=42, max_words=120))
+    url = f"{s3_bucket.url}/corpus"
+    args = _cli("text", str(corpus), *SMALL, "--ray", ray_cluster.address, "--output", url)
+    proc = _run_until(args, lambda: len(_journal(url)) >= 15, tmp_path)
+    try:
+        ray_cluster.kill_worker_node()  # the second raylet and its workers, as a lost machine
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        ray_cluster.start_worker_node()
+    message = err.decode()
+    assert proc.returncode == 1, message
+    assert "shardstream: error: a Ray worker or its node was lost" in message
+    assert "run the same command again to resume" in message
+    assert "Traceback" not in message
+    journaled = len(_journal(url))
+    assert open_store(url).size("index.json") is None
+
+    rerun = _rerun(args, tmp_path)
+    assert f"{journaled} shards reused" in rerun.stderr
+    store = open_store(url)
+    stored = {key: store.read_bytes(key) for key, _ in store.list()}
+    assert stored == _reference(tmp_path, [corpus], None)
+
+
+def test_failed_ray_build_leaves_an_aborted_draft_and_one_clear_error(
+    tmp_path: Path, s3_bucket: S3Bucket, postgres_url: str, ray_cluster: RayCluster
+) -> None:
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", make_docs(600, seed=43))
+    with corpus.open("a") as fh:
+        fh.write('{"text": 5}\n')
+    with start_server(
+        tmp_path / "server", database_url=postgres_url, storage_root=f"{s3_bucket.url}/datasets"
+    ) as server:
+        args = _cli(
+            "text", str(corpus), *SMALL, "--ray", ray_cluster.address,
+            "--server", server.url, "--token", server.token, "--dataset", "broken",
+        )  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        done = subprocess.run(
+            args, env=env, capture_output=True, text=True, timeout=300, check=False
+        )
+        assert done.returncode == 1
+        assert "shardstream: error:" in done.stderr
+        assert "corpus.jsonl:601: field 'text' is int, not a string" in done.stderr
+        assert "Traceback" not in done.stderr
+        with APIClient(server.url, server.token) as api:
+            assert api.get_version("broken", 1).status == "aborted"
+            assert api.get_dataset("broken").latest_published is None
