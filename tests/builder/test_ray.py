@@ -6,6 +6,9 @@ inputs and options: shards, ``index.json`` and ``shardstream.json``.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -125,3 +128,64 @@ def test_bad_input_found_by_a_worker_is_the_local_builders_error(
         )
     assert not (tmp_path / "out" / "index.json").exists()
     assert not list((tmp_path / "out").glob("shard.*"))  # an input error discards the output
+
+
+def test_cli_ray_flag_builds_on_the_cluster_and_reports_each_worker(
+    tmp_path: Path, ray_cluster: RayCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from shardstream.cli import main
+
+    write_jsonl(tmp_path / "d.jsonl", make_docs(800, seed=34))
+    common = ["build", "text", str(tmp_path / "d.jsonl"), "--seq-len", "32", "--no-progress"]
+    common += ["--shard-size", "4KB", "--allow-small-shards", "--chunk-bytes", "8KB"]
+    assert main([*common, "-o", str(tmp_path / "local"), "--workers", "1"]) == 0
+    capsys.readouterr()
+    assert main([*common, "-o", str(tmp_path / "ray"), "--ray", ray_cluster.address]) == 0
+    err = capsys.readouterr().err
+    assert dir_bytes(tmp_path / "ray") == dir_bytes(tmp_path / "local")
+    workers = [line for line in err.splitlines() if line.startswith("worker 127.0.0.2 node")]
+    assert len(workers) == 2, err  # one line per actor: documents/s, MB/s in, shards, busy %
+    assert all("documents/s" in line and "shards" in line for line in workers)
+
+
+def _cli_subprocess(args: list[str], *, prelude: str = "") -> subprocess.CompletedProcess[str]:
+    code = f"{prelude}\nimport sys\nfrom shardstream.cli import main\nsys.exit(main({args!r}))"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+        check=False,
+    )  # fmt: skip
+
+
+def test_cli_ray_without_ray_installed_says_what_to_install(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "d.jsonl", make_docs(50, seed=35))
+    args = ["build", "text", str(tmp_path / "d.jsonl"), "-o", str(tmp_path / "o"), "--ray", "auto"]
+    # As on a machine without the extra: ``import ray`` fails.
+    done = _cli_subprocess(args, prelude="import sys; sys.modules['ray'] = None")
+    assert done.returncode == 1
+    assert "shardstream: error: building on Ray needs Ray installed" in done.stderr
+    assert "pip install 'shardstream[ray]'" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_cli_ray_local_starts_ray_on_this_machine(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "d.jsonl", make_docs(300, seed=36))
+    common = ["build", "text", str(tmp_path / "d.jsonl"), "--seq-len", "16", "--no-progress"]
+    common += ["--shard-size", "2KB", "--allow-small-shards", "--chunk-bytes", "4KB"]
+    done = _cli_subprocess(
+        [*common, "-o", str(tmp_path / "ray"), "--ray", "local", "--workers", "1"]
+    )
+    assert done.returncode == 0, done.stderr
+    assert "worker 127.0.0.2 node" in done.stderr  # a node on loopback
+    build_text(
+        TextBuildConfig(
+            output=str(tmp_path / "local"),
+            inputs=(str(tmp_path / "d.jsonl"),),
+            seq_len=16,
+            shard_size=2048,
+            allow_small_shards=True,
+            chunk_bytes=4096,
+            progress=False,
+        )
+    )
+    assert dir_bytes(tmp_path / "ray") == dir_bytes(tmp_path / "local")
