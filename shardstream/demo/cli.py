@@ -9,10 +9,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add ``shardstream demo``."""
     parser = subparsers.add_parser(
         "demo",
-        help="run the whole system end to end on this machine (server, build, train, resume)",
+        help="run the whole system end to end on this machine (server, build, train, resume, "
+        "resume on another number of ranks)",
         description="Start a server on SQLite, build and publish a tokenized dataset from "
         "public-domain text, train a tiny model, kill it mid-run with SIGKILL, resume from the "
-        "server and check the sample sequence against an uninterrupted run.",
+        "server and check the sample sequence against an uninterrupted run; then kill a job of "
+        "2 ranks mid-epoch, resume it on 4 ranks and check that the epoch was read exactly once, "
+        "in the same order.",
     )
     parser.add_argument(
         "--workdir", help="where to keep the evidence (default: a new folder under the temp dir)"

@@ -1,4 +1,5 @@
-"""Orchestration of ``shardstream demo``: server, tokenizer, build, train, kill, resume, check."""
+"""Orchestration of ``shardstream demo``: server, tokenizer, build, train, kill, resume, check;
+then the same on another number of ranks (:mod:`shardstream.demo.elastic`)."""
 
 from __future__ import annotations
 
@@ -22,12 +23,15 @@ from pathlib import Path
 
 import httpx
 
+from shardstream.demo.console import follow, say
+from shardstream.demo.elastic import EVIDENCE, ElasticSetup, report_elastic, run_elastic
 from shardstream.errors import ConfigError, ShardstreamError
 
 DATASET = "kjv"
 SEQ_LEN = 64
 VOCAB = 2048
 EOS = "<|endoftext|>"
+GLOBAL_BATCH = 32
 
 
 @dataclass(frozen=True)
@@ -46,11 +50,8 @@ class DemoConfig:
             )
 
 
-def _say(message: str) -> None:
-    print(f"[demo] {message}", flush=True)
-
-
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
@@ -60,7 +61,7 @@ def _free_port() -> int:
 @contextmanager
 def _server(work: Path, token: str) -> Iterator[str]:
     """The metadata server on SQLite in ``work/server``, as a child process."""
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = dict(os.environ, SHARDSTREAM_ADMIN_TOKEN=token, SHARDSTREAM_LOG_JSON="false")
     log = open(work / "server.log", "wb")  # noqa: SIM115 - closed below
@@ -134,7 +135,8 @@ def _train_tokenizer(texts: list[str], path: Path) -> None:
     tokenizer.save(str(path))
 
 
-def _build_and_publish(server: str, token: str, corpus: Path, tokenizer: Path) -> int:
+def _build_and_publish(server: str, token: str, corpus: Path, tokenizer: Path) -> tuple[int, int]:
+    """Build the shards into a draft the server placed, publish it: (version, samples)."""
     from shardstream.shard_builder.config import TextBuildConfig
     from shardstream.shard_builder.publish import DraftVersion
     from shardstream.shard_builder.text import build_text
@@ -152,20 +154,27 @@ def _build_and_publish(server: str, token: str, corpus: Path, tokenizer: Path) -
         )
         result = build_text(config)
         draft.add_build(result)
-    _say(f"published {DATASET}@{draft.number}: {result.summary()}")
-    return draft.number
+    say(f"published {DATASET}@{draft.number}: {result.summary()}")
+    return draft.number, result.samples
 
 
 def _create_run(server: str, token: str, version: int, name: str) -> str:
     from shardstream.api_client import APIClient
 
     with APIClient(server, token) as api:
-        run = api.create_run([(DATASET, version)], global_batch_size=32, seed=7)
+        run = api.create_run([(DATASET, version)], global_batch_size=GLOBAL_BATCH, seed=7)
     return str(run.id)
 
 
 def _trainer(
-    work: Path, run: str, version: int, config: DemoConfig, name: str, *, resume: bool = False
+    work: Path,
+    run: str,
+    version: int,
+    config: DemoConfig,
+    name: str,
+    *,
+    resume: bool = False,
+    epoch_log: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [
@@ -189,6 +198,7 @@ def _trainer(
             "--cache-dir",
             str(work / "cache"),
             *(["--resume"] if resume else []),
+            *(["--epoch-log", str(epoch_log)] if epoch_log else []),
         ],
         start_new_session=True,  # its loader workers too, so one killpg stops them all
     )
@@ -209,37 +219,8 @@ def _wait(proc: subprocess.Popen[bytes], what: str) -> None:
         raise ShardstreamError(f"{what} exited with status {proc.returncode}")
 
 
-def _progress(
-    log: Path,
-    steps: int,
-    label: str,
-    *,
-    stop_at: int | None = None,
-    proc: subprocess.Popen[bytes] | None = None,
-    start: int = 0,
-) -> None:
-    """A bar over the trainer's steps ``start + 1 ..`` (a resumed run starts past its
-    checkpoint), saying what the trainer does before its first step."""
-    from tqdm import tqdm
-
-    total = stop_at or steps
-    with tqdm(
-        total=total, initial=start, desc=f"[demo] {label}", unit="step", mininterval=0.5
-    ) as bar:
-        bar.set_postfix_str("starting: importing torch, opening the dataset, first batch")
-        shown = start
-        while True:
-            done = max(_steps(log), default=start)
-            if done > shown:
-                if shown == start:
-                    bar.set_postfix_str("")
-                bar.update(min(done, total) - shown)
-                shown = min(done, total)
-            if stop_at is not None and done >= stop_at:
-                return
-            if proc is not None and proc.poll() is not None:
-                return
-            time.sleep(0.1)
+def _last(log: Path) -> int:
+    return max(_steps(log), default=0)
 
 
 def _digest(steps: dict[int, tuple[float, str]], upto: int) -> str:
@@ -248,7 +229,8 @@ def _digest(steps: dict[int, tuple[float, str]], upto: int) -> str:
 
 
 def run_demo(config: DemoConfig, workdir: str | None = None) -> bool:
-    """Run the demo; return True when the resumed sequence equals the uninterrupted one."""
+    """Run the demo; return True when the resumed sequences equal the uninterrupted one,
+    resumed on the same number of ranks and on another."""
     started = time.monotonic()
     # The evidence (server database, shards, trainer logs, checkpoints) is kept: a default
     # folder under the temp dir, named at the end.
@@ -257,29 +239,36 @@ def run_demo(config: DemoConfig, workdir: str | None = None) -> bool:
     token = secrets.token_urlsafe(24)
     try:
         with _server(work, token) as server:
-            _say(f"server on {server} (SQLite in {work / 'server'})")
+            say(f"server on {server} (SQLite in {work / 'server'})")
             os.environ["SHARDSTREAM_SERVER"], os.environ["SHARDSTREAM_TOKEN"] = server, token
             corpus, texts = _corpus(work)
-            _say(
+            say(
                 f"corpus: {len(texts)} chapters of the King James Bible, "
                 f"{corpus.stat().st_size / 1e6:.1f} MB"
             )
             tokenizer = work / "tokenizer.json"
             _train_tokenizer(texts, tokenizer)
-            _say(f"trained a {VOCAB}-token BPE tokenizer -> {tokenizer}")
-            version = _build_and_publish(server, token, corpus, tokenizer)
+            say(f"trained a {VOCAB}-token BPE tokenizer -> {tokenizer}")
+            version, samples = _build_and_publish(server, token, corpus, tokenizer)
 
             reference_run = _create_run(server, token, version, "reference")
-            proc = _trainer(work, reference_run, version, config, "reference")
-            _progress(work / "reference.log", config.steps, "uninterrupted run", proc=proc)
+            epoch_log = work / "reference-epoch.log"
+            proc = _trainer(work, reference_run, version, config, "reference", epoch_log=epoch_log)
+            follow(
+                lambda: _last(work / "reference.log"),
+                "uninterrupted run",
+                total=config.steps,
+                proc=proc,
+                after_total="reading the rest of the epoch (the elastic check's reference)",
+            )
             _wait(proc, "the uninterrupted run")
 
             run = _create_run(server, token, version, "interrupted")
             proc = _trainer(work, run, version, config, "interrupted")
-            _progress(
-                work / "interrupted.log",
-                config.steps,
+            follow(
+                lambda: _last(work / "interrupted.log"),
                 "interrupted run",
+                total=config.steps,
                 stop_at=config.kill_at,
                 proc=proc,
             )
@@ -287,7 +276,7 @@ def run_demo(config: DemoConfig, workdir: str | None = None) -> bool:
             proc.wait()
             before = _steps(work / "interrupted.log")
             checkpoint = max(before) // config.commit_every * config.commit_every
-            _say(
+            say(
                 f"SIGKILLed the trainer and its workers at step {max(before)}; "
                 f"last checkpoint: step {checkpoint}"
             )
@@ -295,26 +284,41 @@ def run_demo(config: DemoConfig, workdir: str | None = None) -> bool:
             # The restarted job: the same run, the model checkpoints the killed job left.
             shutil.copytree(work / "interrupted-ckpt", work / "resumed-ckpt")
             proc = _trainer(work, run, version, config, "resumed", resume=True)
-            _progress(
-                work / "resumed.log", config.steps, "resumed run", proc=proc, start=checkpoint
+            follow(
+                lambda: _last(work / "resumed.log"),
+                "resumed run",
+                total=config.steps,
+                start=checkpoint,
+                proc=proc,
             )
             _wait(proc, "the resumed run")
+
+            setup = ElasticSetup(
+                work=work,
+                dataset=f"{DATASET}@{version}",
+                dataset_samples=samples,
+                global_batch=GLOBAL_BATCH,
+                commit_every=config.commit_every,
+                reference_epoch=epoch_log,
+            )
+            elastic = run_elastic(setup, _create_run(server, token, version, "elastic"))
         reference = _steps(work / "reference.log")
         after = _steps(work / "resumed.log")
     finally:
-        _say(
+        say(
             f"evidence kept in {work}: reference.log, interrupted.log, resumed.log (step, "
-            "loss, sample ids), the checkpoints, the server's database and the shards; "
-            "delete it when done (--workdir DIR picks the folder)"
+            "loss, sample ids), reference-epoch.log, elastic/ (the ranks' logs) and "
+            f"{EVIDENCE}, the checkpoints, the server's database and the shards; delete it "
+            "when done (--workdir DIR picks the folder)"
         )
-    return _report(
-        reference,
-        before,
-        after,
-        checkpoint=checkpoint,
-        config=config,
-        seconds=time.monotonic() - started,
-    )
+    exact = _report(reference, before, after, checkpoint=checkpoint, config=config)
+    elastic_ok = report_elastic(elastic)
+    seconds = time.monotonic() - started
+    if exact and elastic_ok:
+        say(f"demo passed in {seconds:.0f} s: exact resume and elastic resume")
+    else:
+        say(f"demo FAILED in {seconds:.0f} s (see above)")
+    return exact and elastic_ok
 
 
 def _report(
@@ -324,7 +328,6 @@ def _report(
     *,
     checkpoint: int,
     config: DemoConfig,
-    seconds: float,
 ) -> bool:
     """Print the evidence: the stitched sequence against the uninterrupted one."""
     stitched = {s: v for s, v in before.items() if s <= checkpoint} | after
@@ -332,24 +335,24 @@ def _report(
     same_ids = complete and all(stitched[s][1] == reference[s][1] for s in stitched)
     same_loss = complete and all(stitched[s][0] == reference[s][0] for s in stitched)
     redone = sorted(s for s in before if s > checkpoint)
-    _say(
+    say(
         f"steps {checkpoint + 1}..{max(before)} ran before the kill and again after the "
         f"resume ({len(redone)} steps: the trainer's checkpoint is the source of truth)"
     )
-    _say(f"consumed sample ids, steps 1..{config.steps}:")
-    _say(f"  uninterrupted run      sha256 {_digest(reference, config.steps)}")
+    say(f"consumed sample ids, steps 1..{config.steps}:")
+    say(f"  uninterrupted run      sha256 {_digest(reference, config.steps)}")
     if complete:
-        _say(f"  killed + resumed run   sha256 {_digest(stitched, config.steps)}")
+        say(f"  killed + resumed run   sha256 {_digest(stitched, config.steps)}")
     last = config.steps
-    _say(
+    say(
         f"loss at step {last}: uninterrupted {reference[last][0]:.6f}, "
         f"resumed {stitched.get(last, (float('nan'), ''))[0]:.6f}"
     )
     if same_ids:
-        _say(
+        say(
             f"OK: the resumed run consumed exactly the same samples in the same order"
-            f"{' and reached the same loss' if same_loss else ''} ({seconds:.0f} s)"
+            f"{' and reached the same loss' if same_loss else ''}"
         )
     else:
-        _say("FAILED: the resumed sample sequence differs from the uninterrupted run")
+        say("FAILED: the resumed sample sequence differs from the uninterrupted run")
     return same_ids

@@ -4,7 +4,9 @@ Run as ``python -m shardstream.demo.trainer``. Every step appends ``step loss id
 log (the ids of the samples the step consumed). Every ``--commit-every`` steps it commits the
 loader's state to the server *then* saves the model, so the model checkpoint's step always
 has a data state on the server; ``--resume`` loads the newest model checkpoint and asks the
-server for the data state at that step.
+server for the data state at that step. With ``--epoch-log`` it also logs ``step ids`` of
+every batch of the first epoch, reading on without training once its steps are done: the
+whole epoch's order, which the demo's elastic resume is checked against.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ckpt-dir", type=Path, required=True)
     parser.add_argument("--cache-dir", type=Path, required=True)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--epoch-log", type=Path)
     args = parser.parse_args(argv)
 
     torch.manual_seed(0)
@@ -83,7 +86,9 @@ def main(argv: list[str] | None = None) -> None:
     with (
         ShardstreamLoader(dataset, num_workers=2, resume=resume) as loader,
         open(args.log, "a", encoding="utf-8") as log,
+        open(args.epoch_log or os.devnull, "a", encoding="utf-8") as epoch_log,
     ):
+        first_epoch = len(loader)  # batches in epoch 0 (a fresh run starts there)
         while step < args.steps:
             for batch in loader:
                 step += 1
@@ -98,6 +103,8 @@ def main(argv: list[str] | None = None) -> None:
                 ids = ",".join(str(i) for i in batch["sample_id"].tolist())
                 log.write(f"{step} {loss.item():.6f} {ids}\n")
                 log.flush()
+                if step <= first_epoch:
+                    epoch_log.write(f"{step} {ids}\n")
                 if step % args.commit_every == 0:
                     loader.commit(step)
                     tmp = args.ckpt_dir / f".model-{step}.tmp"
@@ -107,6 +114,11 @@ def main(argv: list[str] | None = None) -> None:
                     os.replace(tmp, args.ckpt_dir / f"model-{step}.pt")
                 if step >= args.steps:
                     break
+        if args.epoch_log is not None and step < first_epoch:
+            for batch in loader:  # the rest of epoch 0, without training
+                step += 1
+                ids = ",".join(str(i) for i in batch["sample_id"].tolist())
+                epoch_log.write(f"{step} {ids}\n")
 
 
 if __name__ == "__main__":
