@@ -13,6 +13,9 @@ samples are exactly what a LitData user trains on:
   ``block_size`` the reader asks for, which the folder does not record; ``--seq-len N``
   gives it. Each block becomes a ``tokens`` sample of ``ndarray:<dtype>:N``, the layout
   ``shardstream build text`` writes, so the token path reads it without re-tokenizing.
+
+A folder is split into item ranges of about ``part_bytes`` (small chunks grouped, big ones
+cut), read by several workers at once; each reads its items by index, as LitData does.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +61,36 @@ def plan(inputs: tuple[str, ...], option: str = "") -> list[SourceUnit]:
     return units
 
 
+def split(unit: SourceUnit, part_bytes: int) -> list[SourceUnit]:
+    """``unit`` as item ranges ``span = (first item, end item)`` of about ``part_bytes``."""
+    meta = json.loads((Path(_local(unit.path)) / "index.json").read_text())
+    tokens = meta["config"].get("item_loader") == "TokensLoader"
+    parts: list[SourceUnit] = []
+    first = end = held = 0  # the part being filled: items [first, end), about held bytes
+
+    def emit() -> None:
+        nonlocal first, held
+        if end > first:
+            parts.append(replace(unit, nbytes=held, span=(first, end), first=first))
+        first, held = end, 0
+
+    for chunk in meta["chunks"]:
+        # LitData's own item count per chunk (its loaders' generate_intervals).
+        items = int(chunk["dim"]) // int(unit.option) if tokens else int(chunk["chunk_size"])
+        nbytes = int(chunk.get("chunk_bytes", 0))
+        done = 0
+        while done < items:
+            fit = -(-(part_bytes - held) * items // max(nbytes, 1))  # items that fill the part
+            take = min(items - done, max(1, fit))
+            # The chunk's bytes shared out by item count (the shares add up to the chunk).
+            held += nbytes * (done + take) // items - nbytes * done // items
+            done, end = done + take, end + take
+            if held >= part_bytes:
+                emit()
+    emit()
+    return parts if len(parts) > 1 else [unit]
+
+
 def _local(source: str) -> str:
     """A local folder holding ``source`` (an ``s3://`` prefix is copied once)."""
     if "://" not in source:
@@ -90,7 +124,8 @@ def read(unit: SourceUnit) -> Iterator[Record]:
             ds = StreamingDataset(folder, shuffle=False)
     except Exception as exc:  # LitData raises its own and plain errors alike
         raise InputError(f"{unit.path}: LitData cannot open the dataset ({exc})") from exc
-    for i in range(len(ds)):
+    first, end = unit.span or (0, len(ds))
+    for i in range(first, end):
         where = f"{unit.path} item {i}"
         try:
             item = ds[i]
@@ -111,4 +146,4 @@ def _array(value: Any) -> np.ndarray[Any, Any]:
     return np.asarray(value)
 
 
-FORMAT = ImportFormat("litdata", plan, read)
+FORMAT = ImportFormat("litdata", plan, read, split=split)

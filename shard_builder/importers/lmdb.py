@@ -7,16 +7,20 @@ otherwise: a pickle runs whatever code it holds); each one must be bytes, str, i
 a numpy array, or JSON-like (dict, list, None), which become ``bytes``, ``str``, ``int``,
 ``float64``, ``ndarray`` and ``json`` columns. A source is an LMDB folder (with
 ``data.mdb``) or a ``.mdb`` file; a value that does not parse is one error naming the
-database and key.
+database and key. A big database is split into key ranges (every N-th key, from one scan
+of the keys alone), read by several workers at once.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import pickle
 from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -40,6 +44,49 @@ def plan(inputs: tuple[str, ...], option: str = "") -> list[SourceUnit]:
     return units
 
 
+def _open(path: str) -> Any:
+    import lmdb
+
+    try:
+        return lmdb.open(
+            path, readonly=True, lock=False, subdir=os.path.isdir(path), readahead=False
+        )
+    except lmdb.Error as exc:
+        raise InputError(f"{path}: cannot open the LMDB database ({exc})") from exc
+
+
+def split(unit: SourceUnit, part_bytes: int) -> list[SourceUnit]:
+    """``unit`` as key ranges ``span = (first key, entries)`` of about ``part_bytes`` each."""
+    import lmdb
+
+    env = _open(unit.path)
+    try:
+        entries = int(env.stat()["entries"])
+        per_part = max(1, part_bytes * entries // max(unit.nbytes, 1))
+        if entries <= per_part:
+            return [unit]
+        with env.begin() as txn:
+            # Keys only: a scan of the B-tree's leaf pages, never of the values.
+            firsts = [
+                bytes(key)
+                for i, key in enumerate(txn.cursor().iternext(keys=True, values=False))
+                if i % per_part == 0
+            ]
+    except lmdb.Error as exc:
+        raise InputError(f"{unit.path}: damaged LMDB database ({exc})") from exc
+    finally:
+        env.close()
+    parts = []
+    for i, first in enumerate(firsts):
+        count = min(per_part, entries - i * per_part)
+        share = unit.nbytes * count // entries
+        parts.append(replace(unit, nbytes=share, span=(first, count), first=i * per_part))
+    # The shares' rounding goes to the last part, so the parts add up to the file.
+    rest = unit.nbytes - sum(p.nbytes for p in parts)
+    parts[-1] = replace(parts[-1], nbytes=parts[-1].nbytes + rest)
+    return parts
+
+
 def _value(fmt: str, data: bytes, where: str) -> Column:
     try:
         if fmt == "json":
@@ -60,23 +107,24 @@ def _value(fmt: str, data: bytes, where: str) -> Column:
 def read(unit: SourceUnit) -> Iterator[Record]:
     import lmdb
 
-    subdir = os.path.isdir(unit.path)
-    try:
-        env = lmdb.open(unit.path, readonly=True, lock=False, subdir=subdir, readahead=False)
-    except lmdb.Error as exc:
-        raise InputError(f"{unit.path}: cannot open the LMDB database ({exc})") from exc
+    env = _open(unit.path)
+    fmt = unit.option
     try:
         with env.begin(buffers=False) as txn:
-            for key, value in txn.cursor():
+            cursor = txn.cursor()
+            if unit.span:
+                first, count = unit.span
+                entries = itertools.islice(cursor if cursor.set_range(first) else (), count)
+            else:
+                entries = iter(cursor)
+            for key, value in entries:
                 where = f"{unit.path} key {key!r}"
-                yield (
-                    where,
-                    {"key": ("bytes", bytes(key)), "value": _value(unit.option, value, where)},
-                )
+                column = ("bytes", value) if fmt == "raw" else _value(fmt, value, where)
+                yield where, {"key": ("bytes", key), "value": column}
     except lmdb.Error as exc:
         raise InputError(f"{unit.path}: damaged LMDB database ({exc})") from exc
     finally:
         env.close()
 
 
-FORMAT = ImportFormat("lmdb", plan, read)
+FORMAT = ImportFormat("lmdb", plan, read, split=split)

@@ -5,6 +5,13 @@ order) and reads one unit as :data:`Record` s: ``(where, sample)`` with ``where`
 the file and record for error messages, and ``sample`` mapping each column to
 ``(MDS encoding, value)``. Readers are plain module-level functions so worker processes
 can run them.
+
+A format may also *split* a planned file into parts (key ranges of an LMDB database, item
+ranges of a LitData folder, record ranges of a TFRecord file), so that several workers read
+one big file at once. A split depends on the file's content and ``part_bytes`` only (never
+on the number of workers), and the parts, read one after the other, give exactly the
+file's records in order; so the shards stay the same bytes however the work is divided.
+Positions (where a resumed import starts) count records in a file, never parts.
 """
 
 from __future__ import annotations
@@ -16,15 +23,23 @@ from typing import Any
 Column = tuple[str, Any]  # (MDS encoding, value)
 Record = tuple[str, dict[str, Column]]
 
+PART_BYTES = 32 << 20
+"""About how much input one worker task reads (a split's target part size): small enough
+that a few parts per worker balance the load, big enough that a task's start-up (opening
+the database or dataset) is noise."""
+
 
 @dataclass(frozen=True)
 class SourceUnit:
-    """One input file of an import: its path or URL, size and modification time."""
+    """One input file of an import (its path or URL, size and modification time), or one
+    part of it (``span``: where the part starts and ends, in the format's own terms)."""
 
     path: str
     nbytes: int
     mtime_ns: int = 0
     option: str = ""  # the format's read option (LMDB: the value format)
+    span: tuple[Any, ...] = ()  # a part of the file (see the format's split); () = all of it
+    first: int = 0  # the file's record number of the part's first record
 
     def lineage(self) -> dict[str, Any]:
         return {"path": self.path, "size": self.nbytes, "mtime_ns": self.mtime_ns}
@@ -39,3 +54,5 @@ class ImportFormat:
     read: Callable[[SourceUnit], Iterator[Record]]
     # Extra dataset metadata (e.g. class names), from the planned units.
     describe: Callable[[list[SourceUnit]], dict[str, Any]] | None = None
+    # (unit, part_bytes) -> the unit's parts in order, each of about part_bytes of input.
+    split: Callable[[SourceUnit, int], list[SourceUnit]] | None = None

@@ -149,7 +149,7 @@ def write_samples(
     basename: str,
     template: ShardInfo,
     sizes: Sequence[int],
-    parts: Sequence[bytes],
+    parts: Sequence[bytes | memoryview],
     *,
     block_size: int | None = DEFAULT_BLOCK_SIZE,
 ) -> ShardInfo:

@@ -1,0 +1,134 @@
+"""Big files split into parts (LMDB key ranges, TFRecord record ranges, LitData item ranges):
+the parts read back to back are the whole file, and the shards are the same bytes whatever
+the part size and the number of workers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import numpy as np
+import pytest
+from litdata import optimize
+from tfrecord.writer import TFRecordWriter
+
+from shardstream.shard_builder.importers import ImportConfig, build_import
+from shardstream.shard_builder.importers.formats import get_format
+from shardstream.shard_builder.importers.source import SourceUnit
+from tests.builder.conftest import dir_bytes
+from tests.builder.test_resume import _kill_when
+
+SMALL = {"shard_size": 6 * 1024, "allow_small_shards": True, "progress": False}
+
+
+def _lmdb(root: Path) -> str:
+    env = lmdb.open(str(root / "db"), map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        for i in range(300):
+            txn.put(f"k{i:05d}".encode(), bytes([i % 256]) * (50 + i % 170))
+    env.close()
+    return str(root / "db")
+
+
+def _tfrecord(root: Path) -> str:
+    rng = np.random.default_rng(2)
+    writer = TFRecordWriter(str(root / "one.tfrecord"))
+    for i in range(250):
+        writer.write(
+            {
+                "blob": (bytes(rng.integers(0, 256, 40 + i % 90, dtype=np.uint8)), "byte"),
+                "label": (i - 100, "int"),
+                "vec": (rng.standard_normal(i % 4 + 1).astype(np.float32).tolist(), "float"),
+            }
+        )
+    writer.close()
+    return str(root / "one.tfrecord")
+
+
+def _item(i: int) -> dict[str, Any]:
+    return {"id": i, "name": f"item-{i}", "blob": bytes([i % 256]) * (i % 60 + 1)}
+
+
+def _litdata(root: Path) -> str:
+    optimize(fn=_item, inputs=list(range(240)), output_dir=str(root / "lit"),
+             chunk_bytes="4KB", num_workers=1, verbose=False)  # fmt: skip
+    return str(root / "lit")
+
+
+SOURCES = {"lmdb": _lmdb, "tfrecord": _tfrecord, "litdata": _litdata}
+
+
+@pytest.mark.parametrize("fmt", sorted(SOURCES))
+def test_parts_read_back_to_back_are_the_whole_file(fmt: str, tmp_path: Path) -> None:
+    source = SOURCES[fmt](tmp_path)
+    form = get_format(fmt)
+    assert form.split is not None
+    (unit,) = form.plan((source,), "")
+    whole = [(where, sample) for where, sample in form.read(unit)]
+    parts = form.split(unit, 1500)
+    assert len(parts) > 4 and sum(p.nbytes for p in parts) == unit.nbytes
+    pieced = [record for part in parts for record in form.read(part)]
+    assert [w for w, _ in pieced] == [w for w, _ in whole]
+    for (_, got), (_, want) in zip(pieced, whole, strict=True):
+        assert got.keys() == want.keys()
+        for name, (encoding, value) in got.items():
+            assert encoding == want[name][0]
+            assert np.array_equal(np.asarray(value), np.asarray(want[name][1]))
+    assert form.split(unit, unit.nbytes) == [unit]  # a file within one part stays whole
+    assert all(isinstance(p, SourceUnit) and p.path == unit.path for p in parts)
+
+
+@pytest.mark.parametrize("fmt", sorted(SOURCES))
+def test_same_bytes_whatever_the_parts_and_workers(fmt: str, tmp_path: Path) -> None:
+    source = SOURCES[fmt](tmp_path)
+    outputs = []
+    for part_bytes, workers in ((1 << 30, 1), (1500, 1), (1500, 2), (4000, 3)):
+        out = tmp_path / f"out-{part_bytes}-{workers}"
+        result = build_import(
+            ImportConfig(
+                format=fmt, inputs=(source,), output=str(out), workers=workers,
+                part_bytes=part_bytes, **SMALL,
+            )
+        )  # fmt: skip
+        assert len(result.shards) > 3
+        outputs.append(dir_bytes(out))
+    assert all(o == outputs[0] for o in outputs[1:])
+    assert not any(".shardstream-build" in name for name in outputs[0])  # no spool left
+
+
+def test_killed_import_resumes_with_other_parts_to_the_same_bytes(tmp_path: Path) -> None:
+    env = lmdb.open(str(tmp_path / "db"), map_size=1 << 28)
+    with env.begin(write=True) as txn:
+        for i in range(6_000):
+            txn.put(f"k{i:06d}".encode(), bytes([i % 256]) * (100 + i % 200))
+    env.close()
+    out, clean = tmp_path / "out", tmp_path / "clean"
+
+    def config(output: Path, part_bytes: int, workers: int) -> ImportConfig:
+        return ImportConfig(
+            format="lmdb", inputs=(str(tmp_path / "db"),), output=str(output),
+            part_bytes=part_bytes, workers=workers, **SMALL,
+        )  # fmt: skip
+
+    script = (
+        "import sys; from shardstream.shard_builder.importers import ImportConfig, build_import; "
+        "build_import(ImportConfig(format='lmdb', inputs=(sys.argv[1],), output=sys.argv[2], "
+        "part_bytes=150_000, workers=2, shard_size=6 * 1024, allow_small_shards=True, "
+        "progress=False))"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path / "db"), str(out)],
+        start_new_session=True,
+        stderr=subprocess.PIPE,
+    )
+    killed_after = _kill_when(proc, out / ".shardstream-build" / "done", shards=40)
+    assert not (out / "index.json").exists()
+    # Resumed with another part size and worker count: positions count records, not parts.
+    resumed = build_import(config(out, 400_000, 1))
+    assert resumed.reused_shards >= killed_after
+    build_import(config(clean, 1 << 30, 1))
+    assert dir_bytes(out) == dir_bytes(clean)
+    assert len(resumed.shards) > killed_after + 20  # killed mid-way
