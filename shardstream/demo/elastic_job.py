@@ -22,6 +22,7 @@ import multiprocessing as mp
 import os
 import sys
 import time
+from multiprocessing.connection import wait
 from pathlib import Path
 
 import torch
@@ -91,14 +92,18 @@ def main(argv: list[str] | None = None) -> int:
     ranks = [ctx.Process(target=_rank_main, args=(args, r, init)) for r in range(args.world_size)]
     for proc in ranks:
         proc.start()
+    running = {proc.sentinel: rank for rank, proc in enumerate(ranks)}
     failed = 0
-    for rank, proc in enumerate(ranks):
-        proc.join()
-        if proc.exitcode != 0 and not failed:
-            failed = 1
-            print(f"rank {rank} exited with {proc.exitcode}", file=sys.stderr, flush=True)
-            for other in ranks:  # the others would wait for it in the next barrier
-                other.kill()
+    while running:
+        ended = wait(list(running))  # whichever rank ends first
+        for sentinel in [s for s in running if s in ended]:
+            rank = running.pop(sentinel)
+            ranks[rank].join()
+            if ranks[rank].exitcode != 0 and not failed:
+                failed = 1
+                print(f"rank {rank} exited with {ranks[rank].exitcode}", file=sys.stderr)
+                for other in ranks:  # the others would wait for it in the next barrier
+                    other.kill()
     return failed
 
 
