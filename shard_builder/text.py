@@ -15,7 +15,7 @@ The work split, chosen so the output never depends on scheduling:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,7 @@ import numpy.typing as npt
 from shardstream.errors import InputError
 from shardstream.mds import ShardInfo, samples_per_shard, write_shard_arrays
 from shardstream.shard_builder.config import TextBuildConfig, content_options
-from shardstream.shard_builder.inputs import InputFile, lineage, resolve_inputs
+from shardstream.shard_builder.inputs import lineage, resolve_inputs
 from shardstream.shard_builder.journal import BuildJournal, fingerprint, shard_key
 from shardstream.shard_builder.packing import StreamPosition, TokenPacker
 from shardstream.shard_builder.progress import BuildProgress
@@ -75,6 +75,23 @@ def tokenize_chunk(task: ChunkTask) -> ChunkTokens:
     return ChunkTokens(tokens, documents)
 
 
+@dataclass(frozen=True)
+class TextSource:
+    """What a text build reads: its chunks in order (each with ``nbytes``), the lineage
+    recorded in the fingerprint and metadata, and the input names errors show."""
+
+    chunks: Sequence[Any]
+    lineage: list[dict[str, Any]]
+    names: list[str]
+
+
+def file_source(config: TextBuildConfig) -> TextSource:
+    """The chunks of ``config.inputs``: JSONL byte ranges and Parquet row groups."""
+    files = resolve_inputs(config.inputs, TEXT_SUFFIXES)
+    chunks = plan_chunks(files, config.field, config.chunk_bytes)
+    return TextSource(chunks, lineage(files), [str(f.path) for f in files])
+
+
 @dataclass
 class TextJob:
     """The middle of a text build: what a producer of shards is given.
@@ -86,8 +103,8 @@ class TextJob:
     """
 
     config: TextBuildConfig
-    files: list[InputFile]
-    chunks: list[TextChunk]
+    source: TextSource
+    chunks: Sequence[Any]  # TextChunk (files), or what ``source`` holds
     spec: TokenizerSpec
     dtype: np.dtype[Any]
     columns: dict[str, str]
@@ -127,25 +144,28 @@ def build_text(config: TextBuildConfig) -> BuildResult:
     return run_text_build(config, _produce_locally)
 
 
-def run_text_build(config: TextBuildConfig, produce: TextProducer) -> BuildResult:
+def run_text_build(
+    config: TextBuildConfig, produce: TextProducer, source: TextSource | None = None
+) -> BuildResult:
     """Everything of a text build but the tokenizing and shard writing, which ``produce`` does.
 
     Planning, fingerprint, journal and resume, ``shardstream.json`` and ``index.json`` live
     here once, so the local and the Ray builder write the same bytes and share journals.
+    ``source`` is what is read (default: :func:`file_source`).
     """
     started = time.perf_counter()
-    files = resolve_inputs(config.inputs, TEXT_SUFFIXES)
+    source = source or file_source(config)
     spec = TokenizerSpec(config.tokenizer, config.eos_token)
     tokenizer = spec.load()
     dtype = token_dtype(tokenizer.vocab_size)
     columns = {config.column: f"ndarray:{dtype.name}:{config.seq_len}"}
-    chunks = plan_chunks(files, config.field, config.chunk_bytes)
+    chunks = source.chunks
     described = tokenizer.describe()
     fp = fingerprint(
         {
             "builder": BUILDER_VERSION,
             "options": content_options(config),
-            "lineage": lineage(files),
+            "lineage": source.lineage,
             "tokenizer": {k: v for k, v in described.items() if k != "path"},
         }
     )
@@ -168,7 +188,7 @@ def run_text_build(config: TextBuildConfig, produce: TextProducer) -> BuildResul
         )
         job = TextJob(
             config=config,
-            files=files,
+            source=source,
             chunks=chunks,
             spec=spec,
             dtype=dtype,
@@ -200,7 +220,7 @@ def run_text_build(config: TextBuildConfig, produce: TextProducer) -> BuildResul
             "documents": totals.documents,
             "dropped_tokens": totals.dropped,
             "config": content_options(config),
-            "lineage": lineage(files),
+            "lineage": source.lineage,
         }
         index = finish_build(sink, job.shards, metadata)
         journal.clear()
@@ -257,16 +277,17 @@ def _produce_locally(job: TextJob) -> TextTotals:
     last, dropped = packer.finish()
     tokens = packer.tokens_seen
     if not shards and not len(last):
-        raise too_little_input(config, job.files, documents, tokens)
+        raise too_little_input(config, job.source.names, documents, tokens)
     if len(last):
         write(last, final_resume(job, tokens, documents, dropped))
     return TextTotals(tokens, documents, dropped)
 
 
 def too_little_input(
-    config: TextBuildConfig, files: list[Any], documents: int, tokens: int
+    config: TextBuildConfig, inputs: list[str], documents: int, tokens: int
 ) -> InputError:
-    names = ", ".join(str(f.path) for f in files[:3]) + (" ..." if len(files) > 3 else "")
+    """The error of a build whose input holds no documents, or less than one sequence."""
+    names = ", ".join(inputs[:3]) + (" ..." if len(inputs) > 3 else "")
     if documents == 0:
         return InputError(f"no documents in the input ({names}): the files hold no text records")
     return InputError(

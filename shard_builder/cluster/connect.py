@@ -99,6 +99,8 @@ def ray_session(options: RayOptions) -> Iterator[Any]:
         yield ray  # the caller's own session: theirs to end
         return
     kwargs: dict[str, Any] = {
+        # For every task of the job, Ray Data's readers included (actors get it too).
+        "runtime_env": {"env_vars": worker_env(options.forward_env)},
         "logging_level": logging.WARNING,
         "log_to_driver": False,  # worker output would break the progress bar
         "configure_logging": True,

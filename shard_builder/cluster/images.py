@@ -39,12 +39,14 @@ def build_images_on_ray(config: ImageBuildConfig, ray: RayOptions | None = None)
     options = ray or RayOptions()
     stats: list[WorkerStats] = []
 
-    def produce(job: ImageJob) -> None:
-        with ray_session(options) as ray_module, worker_pool(ray_module, config, options) as pool:
-            _Run(job, pool).run()
-            stats.extend(pool.stats())
+    with ray_session(options) as ray_module:
 
-    result = run_image_build(config, produce)
+        def produce(job: ImageJob) -> None:
+            with worker_pool(ray_module, config, options) as pool:
+                _Run(job, pool).run()
+                stats.extend(pool.stats())
+
+        result = run_image_build(config, produce)
     return replace(result, workers=tuple(stats))
 
 

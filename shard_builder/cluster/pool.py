@@ -71,6 +71,13 @@ class WorkerPool:
             ready, _ = self._ray.wait(list(refs), num_returns=1, timeout=timeout, fetch_local=False)
         return set(ready)
 
+    def settle(self, timeout: float = 30.0) -> None:
+        """Wait (at most ``timeout``) for the calls still running or queued: a build that
+        stops on an error deletes its partial output only after no worker writes into it."""
+        if self._busy:
+            self._ray.wait(list(self._busy), num_returns=len(self._busy), timeout=timeout)
+            self._busy.clear()
+
     def stats(self) -> list[WorkerStats]:
         """Each actor's numbers (actors that died are left out)."""
         out = []
@@ -127,10 +134,14 @@ def worker_pool(ray: Any, config: OutputOptions, options: RayOptions) -> Iterato
         )
         for _ in range(wanted)
     ]
+    pool: WorkerPool | None = None
     try:
         actors = _started(ray, actors, options, cpus)
-        yield WorkerPool(ray, actors)
+        pool = WorkerPool(ray, actors)
+        yield pool
     finally:
+        if pool is not None:
+            pool.settle()
         for actor in actors:
             try:
                 ray.kill(actor, no_restart=True)

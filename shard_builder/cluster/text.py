@@ -21,8 +21,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from shardstream.shard_builder.cluster.connect import RayOptions, ray_session
+from shardstream.shard_builder.cluster.dataset import (
+    BlockChunk,
+    is_url,
+    text_source,
+    text_url_source,
+)
 from shardstream.shard_builder.cluster.pool import WorkerPool, worker_pool
-from shardstream.shard_builder.cluster.worker import TokenCount
+from shardstream.shard_builder.cluster.worker import BlockTask, TokenCount
 from shardstream.shard_builder.config import TextBuildConfig
 from shardstream.shard_builder.packing import ShardCut, StreamCutter
 from shardstream.shard_builder.result import BuildResult, WorkerStats
@@ -38,9 +44,19 @@ from shardstream.shard_builder.text import (
 _MB = 1 << 20
 
 
-def build_text_on_ray(config: TextBuildConfig, ray: RayOptions | None = None) -> BuildResult:
+def build_text_on_ray(
+    config: TextBuildConfig,
+    ray: RayOptions | None = None,
+    *,
+    dataset: Any = None,
+    lineage: list[dict[str, Any]] | None = None,
+) -> BuildResult:
     """:func:`~shardstream.shard_builder.build_text` with Ray workers: byte-identical output.
 
+    The inputs are ``config.inputs`` (paths every node can read, or ``s3://`` URLs, which
+    Ray Data reads), or ``dataset``: a ``ray.data.Dataset`` with a ``config.field`` text
+    column, whose rows are the documents in order (``config.inputs`` then only names it;
+    ``lineage`` describes its source for the fingerprint and ``shardstream.json``).
     ``config.workers`` is ignored; ``ray.workers`` (default: every CPU of the cluster) sets
     the number of worker actors. The result's ``workers`` holds each actor's numbers.
 
@@ -53,14 +69,20 @@ def build_text_on_ray(config: TextBuildConfig, ray: RayOptions | None = None) ->
     """
     options = ray or RayOptions()
     stats: list[WorkerStats] = []
+    with ray_session(options) as ray_module:
+        source = None
+        if dataset is not None:
+            source = text_source(ray_module, dataset, config, lineage)
+        elif any(is_url(name) for name in config.inputs):
+            source = text_url_source(ray_module, config)
 
-    def produce(job: TextJob) -> TextTotals:
-        with ray_session(options) as ray_module, worker_pool(ray_module, config, options) as pool:
-            totals = _Run(job, pool).run()
-            stats.extend(pool.stats())
-            return totals
+        def produce(job: TextJob) -> TextTotals:
+            with worker_pool(ray_module, config, options) as pool:
+                totals = _Run(job, pool).run()
+                stats.extend(pool.stats())
+                return totals
 
-    result = run_text_build(config, produce)
+        result = run_text_build(config, produce, source)
     return replace(result, workers=tuple(stats))
 
 
@@ -107,7 +129,7 @@ class _Run:
         last, dropped = self.cutter.finish()
         tokens = self.cutter.tokens_seen
         if not job.shards and not self.writes and last is None:
-            raise too_little_input(config, job.files, self.documents, tokens)
+            raise too_little_input(config, job.source.names, self.documents, tokens)
         if last is not None:
             self._write(last, final_resume(job, tokens, self.documents, dropped))
         while self.writes:
@@ -115,10 +137,18 @@ class _Run:
         return TextTotals(tokens, self.documents, dropped)
 
     def _tokenize(self, chunk: int) -> None:
-        job = self.job
-        task = ChunkTask(job.chunks[chunk], job.config.field, job.spec, job.dtype.name)
+        job, unit = self.job, self.job.chunks[chunk]
+        if isinstance(unit, BlockChunk):  # a Ray Data block: passed by reference
+            block = BlockTask(job.config.field, job.spec, job.dtype.name, unit.number, unit.nbytes)
+            args: tuple[Any, ...] = (block, unit.ref)
+            method = "tokenize_block"
+        else:
+            args, method = (
+                (ChunkTask(unit, job.config.field, job.spec, job.dtype.name),),
+                "tokenize",
+            )
         actor = self.pool.least_busy()
-        count, tokens = self.pool.submit(actor, "tokenize", task, num_returns=2)
+        count, tokens = self.pool.submit(actor, method, *args, num_returns=2)
         self.tokenizing[chunk] = (count, tokens, actor)
 
     def _count(self, chunk: int) -> None:

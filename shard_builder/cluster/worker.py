@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from shardstream.errors import InputError
 from shardstream.mds import ShardInfo, write_shard, write_shard_arrays
 from shardstream.shard_builder.config import OutputOptions
 from shardstream.shard_builder.images import CheckedImages, ImageTask, process_chunk
@@ -33,9 +34,11 @@ from shardstream.shard_builder.packing import Piece, gather
 from shardstream.shard_builder.result import WorkerStats
 from shardstream.shard_builder.sink import local_output_dir
 from shardstream.shard_builder.text import ChunkTask, tokenize_chunk
+from shardstream.shard_builder.tokenize import TokenizerSpec
 from shardstream.storage import ObjectStore, open_store
 
 _SHARD_MODE = 0o644
+_BATCH = 8192  # documents per encode_batch call (as the Parquet reader's batches)
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,17 @@ class ImageCount:
     numbers: list[int]
     sizes: list[int]
     bad: list[tuple[int, Any]]  # (item, BadInput)
+
+
+@dataclass(frozen=True)
+class BlockTask:
+    """How to tokenize a Ray Data block (the block itself travels as a separate argument)."""
+
+    field: str
+    tokenizer: TokenizerSpec
+    dtype: str
+    number: int
+    nbytes: int
 
 
 class WorkerOutput:
@@ -105,6 +119,29 @@ class BuildWorker:
         result = tokenize_chunk(task)
         self._account(started, chunks=1, items=result.documents, input_bytes=task.chunk.nbytes)
         return TokenCount(len(result.tokens), result.documents), result.tokens
+
+    def tokenize_block(self, task: BlockTask, block: Any) -> tuple[TokenCount, npt.NDArray[Any]]:
+        """Tokenize the documents of a Ray Data block (an Arrow table or pandas frame)."""
+        started = time.perf_counter()
+        field, number = task.field, task.number
+        if hasattr(block, "column"):  # pyarrow.Table
+            docs = block.column(field).to_pylist()
+        else:
+            docs = block[field].tolist()
+        for row, doc in enumerate(docs):
+            if not isinstance(doc, str):
+                raise InputError(
+                    f"dataset block {number}, row {row}: column {field!r} is "
+                    f"{type(doc).__name__}, not a string"
+                )
+        tokenizer = task.tokenizer.load()
+        parts = [
+            tokenizer.encode_docs(docs[i : i + _BATCH]).astype(task.dtype, copy=False)
+            for i in range(0, len(docs), _BATCH)
+        ]
+        tokens = np.concatenate(parts) if parts else np.empty(0, task.dtype)
+        self._account(started, chunks=1, items=len(docs), input_bytes=task.nbytes)
+        return TokenCount(len(tokens), len(docs)), tokens
 
     def check_images(self, task: ImageTask) -> tuple[ImageCount, list[bytes]]:
         """Check one chunk of images: numbers, sizes and bad images; the samples stay here."""

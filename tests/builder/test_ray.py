@@ -24,7 +24,7 @@ from tests.builder.conftest import (
     write_jsonl,
     write_parquet,
 )
-from tests.fixtures.ray_cluster import RayCluster
+from tests.fixtures.ray_cluster import TEST_RAY_ENV, RayCluster
 from tests.fixtures.s3 import S3Bucket
 
 SMALL = {"shard_size": 8192, "allow_small_shards": True, "progress": False}
@@ -150,7 +150,7 @@ def test_cli_ray_flag_builds_on_the_cluster_and_reports_each_worker(
 
 def _cli_subprocess(args: list[str], *, prelude: str = "") -> subprocess.CompletedProcess[str]:
     code = f"{prelude}\nimport sys\nfrom shardstream.cli import main\nsys.exit(main({args!r}))"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = {**os.environ, **TEST_RAY_ENV, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
         check=False,
@@ -189,3 +189,53 @@ def test_cli_ray_local_starts_ray_on_this_machine(tmp_path: Path) -> None:
         )
     )
     assert dir_bytes(tmp_path / "ray") == dir_bytes(tmp_path / "local")
+
+
+def _shards_and_index(files: dict[str, bytes]) -> dict[str, bytes]:
+    """The shards and index.json (shardstream.json names the inputs, which differ here)."""
+    return {k: v for k, v in files.items() if k != "shardstream.json"}
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:Use 'expr':UserWarning")
+def test_text_from_s3_inputs_and_from_a_ray_dataset_matches_the_local_build(
+    tmp_path: Path, tokenizer_file: Path, s3_bucket: S3Bucket, ray_cluster: RayCluster
+) -> None:
+    import ray
+
+    docs = make_docs(2500, seed=37, max_words=100)
+    write_jsonl(tmp_path / "part-0.jsonl", docs[:1200])
+    write_jsonl(tmp_path / "part-1.jsonl", docs[1200:])
+    raw = open_store(f"{s3_bucket.url}/raw")
+    for name in ("part-0.jsonl", "part-1.jsonl"):
+        raw.upload(tmp_path / name, name)
+    options = {"tokenizer": tokenizer_file, "seq_len": 64, **SMALL}
+    local_inputs = (str(tmp_path / "part-0.jsonl"), str(tmp_path / "part-1.jsonl"))
+    build_text(TextBuildConfig(output=str(tmp_path / "local"), inputs=local_inputs, **options))
+    reference = _shards_and_index(dir_bytes(tmp_path / "local"))
+
+    # s3:// inputs: listed by the driver, read by Ray Data on the workers.
+    url = f"{s3_bucket.url}/from-s3"
+    result = build_text_on_ray(
+        TextBuildConfig(output=url, inputs=(f"{s3_bucket.url}/raw/",), **options),
+        RayOptions(address=ray_cluster.address),
+    )
+    assert _shards_and_index(_stored(url)) == reference
+    assert [entry["url"] for entry in result.lineage[:2]] == [
+        f"{s3_bucket.url}/raw/part-0.jsonl",
+        f"{s3_bucket.url}/raw/part-1.jsonl",
+    ]
+
+    # A dataset the user prepared with Ray Data (here: filtered rows of a bigger table).
+    ray.init(address=ray_cluster.address, _node_ip_address="127.0.0.2", logging_level="ERROR")
+    try:
+        rows = [{"text": doc, "keep": True} for doc in docs]
+        rows.insert(700, {"text": "a row the user drops", "keep": False})
+        dataset = ray.data.from_items(rows, override_num_blocks=7).filter(lambda r: r["keep"])
+        build_text_on_ray(
+            TextBuildConfig(output=str(tmp_path / "from-ds"), inputs=("my-corpus",), **options),
+            dataset=dataset,
+            lineage=[{"name": "my-corpus", "rows": len(docs)}],
+        )
+    finally:
+        ray.shutdown()
+    assert _shards_and_index(dir_bytes(tmp_path / "from-ds")) == reference
