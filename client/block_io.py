@@ -49,17 +49,28 @@ class BlockStats:
                 setattr(self, name, getattr(self, name) + value)
 
 
-def read_peer(
-    peers: Sequence[Path], info: ShardInfo, start: int, end: int, *, stats: BlockStats
-) -> bytes | None:
-    """Bytes ``[start, end)`` from another process's download file of the same shard, if
-    all of them are there and match their block digests (counted as ``peer_bytes``); else
-    ``None`` (fetch them).
+def read_peer_blocks(
+    peers: Sequence[Path],
+    info: ShardInfo,
+    blocks: tuple[int, int],
+    block_size: int,
+    *,
+    stats: BlockStats,
+) -> dict[int, bytes]:
+    """The blocks ``first..last`` (inclusive) that other processes' files of the same
+    shard hold, each matching its digest: ``{block: bytes}`` (counted as ``peer_bytes``);
+    the rest must be fetched.
 
-    The downloader writes only verified blocks, but a block may be a hole (zeros) or half
-    written when read here: the digest check is what makes the bytes safe to use."""
+    Block by block, not all or nothing: a peer that fetched block 3 for a batch serves it to
+    a process whose fill wants blocks 3..4, which then fetches only block 4. A peer's
+    block may be a hole (zeros) or half written when read here: the digest check is what
+    makes the bytes safe to use."""
     from shardstream.mds import verify_range  # with block digests (mds >= blocks)
 
+    first, last = blocks
+    size = info.raw_data.bytes
+    start, end = first * block_size, min((last + 1) * block_size, size)
+    found: dict[int, bytes] = {}
     for path in peers:
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -71,15 +82,24 @@ def read_peer(
             continue
         finally:
             os.close(fd)
-        if len(data) != end - start:
-            continue
-        try:
-            verify_range(info, start, data)
-        except CorruptShardError:
-            continue  # not there yet
-        stats.add(peer_bytes=len(data))
-        return data
-    return None
+        view = memoryview(data)
+        for block in range(first, last + 1):
+            if block in found:
+                continue
+            a = block * block_size - start
+            piece = view[a : min(a + block_size, end - start)]
+            if len(piece) != min(block_size, size - block * block_size):
+                break  # the peer's file ends before this block: not there yet
+            try:
+                verify_range(info, start + a, piece)
+            except CorruptShardError:
+                continue  # not there yet
+            found[block] = piece.tobytes()
+        if len(found) == last - first + 1:
+            break
+    if found:
+        stats.add(peer_bytes=sum(len(b) for b in found.values()))
+    return found
 
 
 def offer_to_peers(peers: Sequence[Path], data: bytes, start: int) -> None:

@@ -34,7 +34,7 @@ from shardstream.client.block_io import (
     punch_hole,
     pwrite_all,
     read_header,
-    read_peer,
+    read_peer_blocks,
     read_verified,
 )
 from shardstream.client.range_queue import DEMAND, RangeQueue
@@ -226,12 +226,10 @@ class PartialShard:
                 self._done_one()
 
     def _fetch_run(self, first: int, last: int) -> None:
-        start = first * self.block_size
-        end = min((last + 1) * self.block_size, self.size)
         claim = self.claims.hold(first, last) if self.claims is not None else None
         try:
             with claim if claim is not None else contextlib.nullcontext():
-                self._fetch_claimed(first, last, start, end)
+                self._fetch_claimed(first, last)
         except BaseException as exc:
             with self._cond:
                 self.state[first : last + 1] = MISSING
@@ -241,26 +239,36 @@ class PartialShard:
             self.state[first : last + 1] = PRESENT
             self._cond.notify_all()
 
-    def _fetch_claimed(self, first: int, last: int, start: int, end: int) -> None:
-        """Bytes ``[start, end)`` (blocks ``first..last``): from a peer's file, else the
-        store; written into this shard's file."""
-        data = None
+    def _fetch_claimed(self, first: int, last: int) -> None:
+        """Blocks ``first..last``: each from a peer's file where one holds it verified, the
+        rest from the store (coalesced); all written into this shard's file."""
+        pieces: list[tuple[int, bytes]] = []
+        missing = np.arange(first, last + 1, dtype=np.int64)
         if self._digests is not None:  # verified blocks only
             if self.peers is not None:
                 peers = self.peers()
-                data = read_peer(peers, self.info, start, end, stats=self._stats)
-            elif self.node_shared:  # written here by another process of the node
-                data = read_peer([self.path], self.info, start, end, stats=self._stats)
-        if data is None:
-            verify = self._digests is not None
-            args = (self.store, self.key, self.info, start, end)
-            data = read_verified(*args, stats=self._stats, verify=verify)
+            else:  # written here by another process of the node
+                peers = [self.path] if self.node_shared else []
+            if peers:
+                found = read_peer_blocks(
+                    peers, self.info, (first, last), self.block_size, stats=self._stats
+                )
+                pieces = [(b * self.block_size, data) for b, data in found.items()]
+                missing = missing[~np.isin(missing, list(found))]
+        verify = self._digests is not None
+        for a, b in coalesce(missing, last - first + 1):
+            span = (a * self.block_size, min((b + 1) * self.block_size, self.size))
+            data = read_verified(
+                self.store, self.key, self.info, *span, stats=self._stats, verify=verify
+            )
             if verify and self.offer_to is not None:
-                offer_to_peers(self.offer_to(), data, start)
+                offer_to_peers(self.offer_to(), data, span[0])
+            pieces.append((span[0], data))
         with self._cond:  # the file may be closed meanwhile: never write a reused fd
             if self.fd < 0:
                 raise StorageError(f"{self.key}: the partial shard was closed")
-            pwrite_all(self.fd, data, start)
+            for offset, data in pieces:
+                pwrite_all(self.fd, data, offset)
 
     # -- reading --------------------------------------------------------------------------
 

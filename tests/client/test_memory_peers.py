@@ -139,3 +139,33 @@ def test_a_folder_others_can_write_is_not_used(tmp_path: Path) -> None:
     assert not any(open_to_all.iterdir())
     os.close(fd)
     assert MemoryPeers(tmp_path / "mine").shared  # a fresh private folder is
+
+
+def test_a_peer_serves_the_blocks_it_holds_and_only_those(tmp_path: Path) -> None:
+    """Block by block: a peer holding block 1 of 0..2 serves it; its hole (block 0) and a
+    block with one flipped byte (block 2) are not taken, so only they are fetched."""
+    import numpy as np
+
+    from shardstream.client.block_io import BlockStats, read_peer_blocks
+    from shardstream.mds import MDSWriter, load_index
+
+    out = tmp_path / "ds"
+    with MDSWriter(out, {"tokens": "ndarray:uint16:2048"}, block_size=4096) as writer:
+        for i in range(16):
+            writer.write({"tokens": np.full(2048, i, np.uint16)})
+    shard = load_index(out / "index.json").shards[0]
+    data = (out / shard.raw_data.basename).read_bytes()
+    peer = bytearray(len(data))  # a peer's memory file: holes where it fetched nothing
+    peer[4096:8192] = data[4096:8192]
+    peer[8192:12288] = data[8192:12288]
+    peer[9000] ^= 0xFF
+    (tmp_path / "peer").write_bytes(bytes(peer))
+    stats = BlockStats()
+    found = read_peer_blocks([tmp_path / "peer"], shard, (0, 2), 4096, stats=stats)
+    assert list(found) == [1] and found[1] == data[4096:8192]
+    assert stats.peer_bytes == 4096
+    (tmp_path / "good").write_bytes(data)  # a second peer with every block
+    found = read_peer_blocks(
+        [tmp_path / "peer", tmp_path / "good"], shard, (0, 2), 4096, stats=stats
+    )
+    assert sorted(found) == [0, 1, 2] and b"".join(found[b] for b in (0, 1, 2)) == data[:12288]
