@@ -126,7 +126,7 @@ class _Done:
         return map_spool(self.spool) if self.spool else memoryview(self.data)
 
 
-_ENCODING, _VALUE = operator.itemgetter(0), operator.itemgetter(1)
+_ENCODING = operator.itemgetter(0)
 
 
 def _schema_of(sample: dict[str, tuple[str, Any]]) -> tuple[tuple[str, str], ...]:
@@ -140,7 +140,7 @@ def _schema_text(schema: tuple[tuple[str, str], ...]) -> str:
 def _read_unit(task: _Task) -> _Done:
     """Worker: read one unit, check every sample against the schema, encode it."""
     encode = make_parts_encoder(dict(task.columns))
-    layouts: set[tuple[tuple[str, ...], tuple[str, ...]]] = set()  # layouts already checked
+    layouts: set[tuple[str, ...]] = set()  # (names..., encodings...) already checked
     numbers: list[int] = []
     sizes: list[int] = []
     parts: list[bytes] = []
@@ -149,8 +149,8 @@ def _read_unit(task: _Task) -> _Done:
         if number < task.skip:
             continue
         # A format yields its columns in the same order sample after sample: checking
-        # that order against the known good ones takes two tuples, not a sort per sample.
-        layout = (tuple(sample), tuple(map(_ENCODING, sample.values())))
+        # that order against the known good ones takes one tuple, not a sort per sample.
+        layout = (*sample, *map(_ENCODING, sample.values()))
         if layout not in layouts:
             schema = _schema_of(sample)
             if schema != task.columns:
@@ -159,7 +159,7 @@ def _read_unit(task: _Task) -> _Done:
                 continue
             layouts.add(layout)
         try:
-            pieces, size = encode(dict(zip(sample, map(_VALUE, sample.values()), strict=True)))
+            pieces, size = encode({name: column[1] for name, column in sample.items()})
         except InputError as exc:
             bad.append((number, BadInput(where, str(exc))))
             continue

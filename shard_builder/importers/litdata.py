@@ -33,7 +33,7 @@ import numpy as np
 
 from shardstream.errors import InputError
 from shardstream.shard_builder.importers.source import ImportFormat, Record, SourceUnit
-from shardstream.shard_builder.importers.values import column_of
+from shardstream.shard_builder.importers.values import column_of, columns_of
 
 _COPIES: dict[str, str] = {}  # s3:// prefix -> local copy (one per process)
 
@@ -135,7 +135,7 @@ def read(unit: SourceUnit) -> Iterator[Record]:
             arr = _array(item)
             yield where, {"tokens": (f"ndarray:{arr.dtype.name}:{seq_len}", arr)}
         elif isinstance(item, dict):
-            yield where, {str(k): column_of(v, f"{where} key {k!r}") for k, v in item.items()}
+            yield where, columns_of(item, where)
         else:
             yield where, {"value": column_of(item, where)}
 
