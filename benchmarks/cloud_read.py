@@ -207,7 +207,14 @@ def run_readers(
             try:
                 out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                raise RuntimeError(f"no epoch after {timeout_s:.0f} s (killed)") from None
+                os.killpg(proc.pid, signal.SIGKILL)
+                out, _ = proc.communicate()
+                done_so_far = [x.split() for x in out.splitlines() if x.startswith("PROGRESS ")]
+                rate = ""
+                if done_so_far:
+                    samples, seconds = int(done_so_far[-1][1]), float(done_so_far[-1][2])
+                    rate = f"; {samples:,} samples in {seconds:.0f} s, {samples / seconds:,.0f}/s"
+                raise RuntimeError(f"no epoch after {timeout_s:.0f} s (killed{rate})") from None
             line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
             if proc.returncode or line is None:
                 lines = err.strip().splitlines() or [f"exit status {proc.returncode}"]
@@ -272,7 +279,11 @@ def main() -> int:
     parser.add_argument("--shard-mb", default="64,256", help="shard sizes in MB, comma-separated")
     parser.add_argument("--shards", type=int, default=16, help="shards per dataset")
     parser.add_argument("--modes", default="cache,cacheless,whole-shard")
-    parser.add_argument("--peers", default="mosaic,litdata")
+    parser.add_argument(
+        "--peers",
+        default="mosaic,litdata-decode-all,litdata",
+        help="mosaic, litdata (defaults), litdata-decode-all (batch_decode='all')",
+    )
     parser.add_argument("--nodes", type=int, default=4, help="simulated nodes (0: skip)")
     parser.add_argument("--resume-at", type=float, default=0.9)
     parser.add_argument("--slowdown", type=float, default=0.05, help="injected SlowDown share")
@@ -348,13 +359,14 @@ def main() -> int:
                 # Cacheless holds the mixing window in memory: give it the whole dataset
                 # (the default 2 GiB is refused for a window of 16 x 256 MB shards).
                 budget = max(2 << 30, int(sizes[name] * 1.1))
-                ours = {"library": "shardstream", "url": mds + "/index.json"}
+                ours: dict[str, Any] = {"library": "shardstream", "url": mds + "/index.json"}
                 ours["memory_budget"] = budget
                 for mode in modes:
                     one(f"shardstream {mode}", name, [{**ours, "mode": mode}], sizes[name])
                 for peer in peers:
-                    url = lit if peer == "litdata" else mds
-                    size = sizes["lit-" + name] if peer == "litdata" else sizes[name]
+                    is_lit = peer.startswith("litdata")
+                    url = lit if is_lit else mds
+                    size = sizes["lit-" + name] if is_lit else sizes[name]
                     spec = {"library": peer, "url": url, "max_batches": args.peer_batches}
                     first = f", first {args.peer_batches} batches" if args.peer_batches else ""
                     one(f"{peer} (S3 remote{first})", name, [spec], size)
