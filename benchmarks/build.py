@@ -18,6 +18,16 @@ shard size, and the text shards must come out byte-identical (checked).
 
     python benchmarks/build.py                 # 128 MB of text (12 MB BPE), 3,000 images, best of 2
     python benchmarks/build.py --text-mb 400 --bpe-mb 100 --images 5000
+    python benchmarks/build.py --ray local     # and the Ray builder on 1 and 2 Ray CPUs
+
+With ``--ray ADDRESS`` (``local``: a Ray instance started here with ``--workers`` CPUs) the
+text workloads also run on the Ray builder with 1 and 2 worker actors, beside the local
+builder with 1 and 2 worker processes: documents/s and input MB/s, per CPU, the scaling
+efficiency from 1 to 2 CPUs (throughput with 2 / twice the throughput with 1), the Ray
+builder's per-CPU throughput relative to the local builder's, and the Ray builder's
+overhead per shard (the same input cut into many small shards and into few large ones:
+the extra time divided by the extra shards). The Ray outputs must be byte-identical to the
+local ones (checked).
 """
 
 from __future__ import annotations
@@ -217,7 +227,18 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2, help="runs per builder, best kept (2)")
     parser.add_argument("--dir", type=Path, help="work folder (default: a temp folder)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    parser.add_argument(
+        "--ray", metavar="ADDRESS", help="also run the Ray builder (local: start Ray here)"
+    )
+    parser.add_argument(
+        "--ray-only", action="store_true", help="with --ray: skip the MDSWriter comparison"
+    )
     args = parser.parse_args()
+    if args.ray:
+        # One CPU means one thread: HF tokenizers' own thread pool (sized here, at its first
+        # use) would give the local builder's in-process 1-worker run every core.
+        os.environ["RAYON_NUM_THREADS"] = "1"
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
     # Imported before any timing: streaming pulls in torch, seconds that neither side should pay.
     import streaming  # noqa: F401
@@ -245,6 +266,12 @@ def main() -> None:
         rows = []
         bpe_files = _first_mb(files, args.bpe_mb)
         bpe_bytes = sum(f.stat().st_size for f in bpe_files)
+        if args.ray and args.ray_only:
+            from _build_ray import ray_section
+
+            workloads = [("text/bpe", bpe_files, tokenizer), ("text/byte", files, None)]
+            ray_section(args.ray, work, workloads, repeat=args.repeat)
+            return
 
         def ours_text(inputs: list[Path], tok: Path | None, out: str) -> int:
             config = TextBuildConfig(
@@ -294,6 +321,15 @@ def main() -> None:
         )
         _print(rows)
         print(f"text shards byte-identical to MDSWriter's (same hashes, size limit): {same}")
+        if args.ray:
+            from _build_ray import ray_section
+
+            ray_section(
+                args.ray,
+                work,
+                [("text/bpe", bpe_files, tokenizer), ("text/byte", files, None)],
+                repeat=args.repeat,
+            )
     finally:
         if not args.keep and args.dir is None:
             shutil.rmtree(work, ignore_errors=True)
