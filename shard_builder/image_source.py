@@ -41,6 +41,7 @@ class ImageChunk:
     image_field: str = "image"
     label_field: str = "label"
     label_names: tuple[str, ...] = ()  # parquet string labels: id = position here
+    block: Any = None  # a Ray Data block's ObjectRef (the Ray builder reads it)
 
 
 @dataclass(frozen=True)

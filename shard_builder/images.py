@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -19,7 +19,13 @@ from shardstream.errors import InputError
 from shardstream.mds import ShardInfo, make_encoder, shard_config, write_shard
 from shardstream.shard_builder.config import ImageBuildConfig, content_options
 from shardstream.shard_builder.image_codec import BadImageError, check_image, sniff_format
-from shardstream.shard_builder.image_source import ImageChunk, ImageSource, plan_images, read_items
+from shardstream.shard_builder.image_source import (
+    ImageChunk,
+    ImageSource,
+    Item,
+    plan_images,
+    read_items,
+)
 from shardstream.shard_builder.journal import BuildJournal, fingerprint, shard_key
 from shardstream.shard_builder.packing import GreedyCut
 from shardstream.shard_builder.progress import BuildProgress
@@ -57,11 +63,16 @@ class CheckedImages:
     bad: list[tuple[int, BadInput]]
 
 
-def process_chunk(task: ImageTask) -> CheckedImages:
-    """Worker: read, check (and maybe resize) the chunk's images; encode the samples."""
+def process_chunk(task: ImageTask, items: Iterable[Item] | None = None) -> CheckedImages:
+    """Worker: read, check (and maybe resize) the chunk's images; encode the samples.
+
+    ``items`` replaces reading the chunk's files (the Ray builder passes a block's rows).
+    """
     encode = make_encoder(dict(task.columns))
     done = CheckedImages([], [], [])
-    for number, source, data, label in read_items(task.chunk, task.skip):
+    for number, source, data, label in (
+        items if items is not None else read_items(task.chunk, task.skip)
+    ):
         try:
             if data is None:
                 raise BadImageError("the image value is null")
@@ -212,10 +223,15 @@ def build_images(config: ImageBuildConfig) -> BuildResult:
     return run_image_build(config, _produce_locally)
 
 
-def run_image_build(config: ImageBuildConfig, produce: ImageProducer) -> BuildResult:
-    """Everything of an image build but checking images and writing shards (``produce``)."""
+def run_image_build(
+    config: ImageBuildConfig, produce: ImageProducer, source: ImageSource | None = None
+) -> BuildResult:
+    """Everything of an image build but checking images and writing shards (``produce``).
+
+    ``source`` is what is read (default: the folder or Parquet files of ``config.inputs``).
+    """
     started = time.perf_counter()
-    source = plan_images(config.inputs, config.image_field, config.label_field)
+    source = source or plan_images(config.inputs, config.image_field, config.label_field)
     columns = {"image": _image_encoding(config, source), "label": "int"}
     lineage = source.lineage
     fp = fingerprint(

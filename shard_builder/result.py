@@ -32,25 +32,27 @@ class BadInput:
 @dataclass(frozen=True)
 class WorkerStats:
     """What one worker of a distributed build did: ``name`` (node and process), work
-    items, ``items`` (documents or images), input bytes, seconds busy, shards written."""
+    items, ``items`` (documents or images), input bytes, seconds busy (wall) and CPU
+    seconds, shards written."""
 
     name: str
     chunks: int = 0
     items: int = 0
     input_bytes: int = 0
     busy_s: float = 0.0
+    cpu_s: float = 0.0
     shards: int = 0
     written_bytes: int = 0
 
     def line(self, kind: str, total_s: float) -> str:
-        """``worker 10.0.0.5 pid 812: 1,200 documents/s, 3.1 MB/s in, 4 shards, busy 97%``."""
+        """``worker 10.0.0.5 node 3fa2c1d0 pid 812: 1,200 documents/s, 3.1 MB/s in (...)``."""
         what = "documents" if kind == "text" else "images"
         secs = max(total_s, 1e-9)
         return (
             f"worker {self.name}: {self.items / secs:,.0f} {what}/s, "
             f"{self.input_bytes / (1 << 20) / secs:,.1f} MB/s in ({self.chunks} chunks), "
             f"{self.shards} shards ({self.written_bytes / (1 << 20):,.1f} MB) written, "
-            f"busy {100 * self.busy_s / secs:.0f}%"
+            f"busy {100 * self.busy_s / secs:.0f}%, {self.cpu_s:.1f} CPU s"
         )
 
 

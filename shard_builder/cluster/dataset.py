@@ -1,5 +1,8 @@
 """Ray Data as the input of a build: a user's ``ray.data.Dataset``, or ``s3://`` inputs.
 
+Text datasets have a text column; image datasets an image column (bytes, or HF datasets'
+``{bytes, path}`` struct) and an integer label column.
+
 The dataset is materialized in the cluster's object store (spilling to disk as needed)
 with its row order preserved, and each of its blocks becomes one unit of work, like a
 file chunk: an actor receives the block (from whichever node holds it) and tokenizes its
@@ -10,11 +13,14 @@ the same (the same files read the same way); otherwise it refuses to mix outputs
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from shardstream.errors import ConfigError, InputError
-from shardstream.shard_builder.config import TextBuildConfig
+from shardstream.shard_builder.config import ImageBuildConfig, TextBuildConfig
+from shardstream.shard_builder.image_codec import sniff_format
+from shardstream.shard_builder.image_source import ImageChunk, ImageSource, Item
 from shardstream.shard_builder.text import TEXT_SUFFIXES, TextSource
 from shardstream.storage import open_store
 
@@ -77,8 +83,7 @@ def text_source(
     ray: Any, dataset: Any, config: TextBuildConfig, lineage: list[dict[str, Any]] | None
 ) -> TextSource:
     """Materialize ``dataset`` (order kept) and make each block a unit of work."""
-    context = ray.data.DataContext.get_current()
-    context.execution_options.preserve_order = True  # the token stream is the rows' order
+    _keep_order(dataset)
     names = list(dataset.schema().names)
     if config.field not in names:
         raise InputError(
@@ -98,6 +103,12 @@ def text_source(
     return TextSource(chunks, source_lineage, [str(d.get("url", d)) for d in described])
 
 
+def _keep_order(dataset: Any) -> None:
+    """Execute ``dataset`` with its rows in order: the token stream (or the image order)
+    is the rows' order. A dataset carries the context it was made with, so its own."""
+    dataset.context.execution_options.preserve_order = True
+
+
 def _size_of_block(table: Any) -> tuple[int, int]:
     return int(table.num_rows), int(table.nbytes)
 
@@ -106,3 +117,71 @@ def text_url_source(ray: Any, config: TextBuildConfig) -> TextSource:
     """The source of a build whose inputs are ``s3://`` URLs: read by Ray Data."""
     objects = url_inputs(config.inputs, TEXT_SUFFIXES)
     return text_source(ray, read_text_urls(ray, objects), config, objects)
+
+
+def image_source(
+    ray: Any, dataset: Any, config: ImageBuildConfig, lineage: list[dict[str, Any]] | None
+) -> tuple[ImageSource, str]:
+    """Materialize an image dataset (order kept): its blocks as chunks, and the image
+    encoding (``config.image_format``, or sniffed from the first image by a worker)."""
+    import pyarrow as pa
+
+    _keep_order(dataset)
+    schema = dataset.schema()
+    fields = {config.image_field: "--image-field", config.label_field: "--label-field"}
+    for name, option in fields.items():
+        if name not in schema.names:
+            raise InputError(
+                f"the dataset has no column {name!r} (columns: {', '.join(schema.names)}); "
+                f"name it with {option}"
+            )
+    label_type = schema.types[schema.names.index(config.label_field)]
+    if not pa.types.is_integer(label_type):
+        raise InputError(
+            f"dataset column {config.label_field!r} is {label_type}, not an integer: map the "
+            "labels to class ids first (e.g. with Dataset.map_batches)"
+        )
+    refs = dataset.select_columns(list(fields)).materialize().to_arrow_refs()
+    sizes = ray.get([ray.remote(num_cpus=0)(_size_of_block).remote(ref) for ref in refs])
+    chunks, first = [], 0
+    for number, (ref, (rows, nbytes)) in enumerate(zip(refs, sizes, strict=True)):
+        chunks.append(
+            ImageChunk(
+                first=first,
+                count=rows,
+                nbytes=nbytes,
+                row_group=number,
+                image_field=config.image_field,
+                label_field=config.label_field,
+                block=ref,
+            )
+        )
+        first += rows
+    if not chunks or first == 0:
+        raise InputError("the dataset holds no rows")
+    encoding = config.image_format
+    if encoding == "auto":
+        first_block = next(c.block for c in chunks if c.count)
+        encoding = ray.get(ray.remote(num_cpus=0)(_sniff_block).remote(first_block, config))
+    described = lineage if lineage is not None else [{"dataset": str(dataset)}]
+    source_lineage = [*described, {"blocks": [c.count for c in chunks]}]
+    return ImageSource(chunks, (), frozenset(), source_lineage), encoding
+
+
+def block_items(chunk: ImageChunk, block: Any, skip: int) -> Iterator[Item]:
+    """The rows of an image block from row ``skip`` on, as the image builder's items."""
+    images = block.column(chunk.image_field)
+    if hasattr(images.type, "get_field_index"):  # HF datasets: struct {bytes, path}
+        images = images.combine_chunks().field(images.type.get_field_index("bytes"))
+    labels = block.column(chunk.label_field).to_pylist()
+    for row in range(skip, chunk.count):
+        source = f"dataset block {chunk.row_group} row {row}"
+        if labels[row] is None:
+            raise InputError(f"{source}: label {chunk.label_field!r} is null")
+        yield chunk.first + row, source, images[row].as_py(), int(labels[row])
+
+
+def _sniff_block(block: Any, config: ImageBuildConfig) -> str:
+    chunk = ImageChunk(0, 1, 0, image_field=config.image_field, label_field=config.label_field)
+    first = next(block_items(chunk, block, 0), None)
+    return sniff_format(first[2] or b"") if first else "bytes"

@@ -9,11 +9,13 @@ shards in order, so a killed build resumes after its last stored shard.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
 
 from shardstream.shard_builder.cluster.connect import RayOptions, ray_session
+from shardstream.shard_builder.cluster.dataset import image_source
 from shardstream.shard_builder.cluster.pool import WorkerPool, worker_pool
 from shardstream.shard_builder.cluster.worker import ImageCount
 from shardstream.shard_builder.config import ImageBuildConfig
@@ -30,24 +32,41 @@ from shardstream.shard_builder.result import BuildResult, WorkerStats
 _MB = 1 << 20
 
 
-def build_images_on_ray(config: ImageBuildConfig, ray: RayOptions | None = None) -> BuildResult:
+def build_images_on_ray(
+    config: ImageBuildConfig,
+    ray: RayOptions | None = None,
+    *,
+    dataset: Any = None,
+    lineage: list[dict[str, Any]] | None = None,
+) -> BuildResult:
     """:func:`~shardstream.shard_builder.build_images` with Ray workers: byte-identical output.
 
+    The input is ``config.inputs`` (a folder or Parquet files every node can read), or
+    ``dataset``: a ``ray.data.Dataset`` with ``config.image_field`` (bytes, or a
+    ``{bytes, path}`` struct) and an integer ``config.label_field``, in order
+    (``config.inputs`` then only names it; ``lineage`` describes its source).
     ``ray.workers`` (default: every CPU of the cluster) sets the number of worker actors;
     ``config.workers`` is ignored. The result's ``workers`` holds each actor's numbers.
     """
     options = ray or RayOptions()
     stats: list[WorkerStats] = []
+    timings: dict[str, float] = {}  # workers_start_s: placing and starting the actors
 
     with ray_session(options) as ray_module:
+        source = None
+        if dataset is not None:
+            source, encoding = image_source(ray_module, dataset, config, lineage)
+            config = replace(config, image_format=encoding)  # type: ignore[arg-type]
 
         def produce(job: ImageJob) -> None:
+            started = time.perf_counter()
             with worker_pool(ray_module, config, options) as pool:
+                timings["workers_start_s"] = time.perf_counter() - started
                 _Run(job, pool).run()
                 stats.extend(pool.stats())
 
-        result = run_image_build(config, produce)
-    return replace(result, workers=tuple(stats))
+        result = run_image_build(config, produce, source)
+    return replace(result, workers=tuple(stats), timings={**result.timings, **timings})
 
 
 @dataclass

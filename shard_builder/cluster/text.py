@@ -16,6 +16,7 @@ is shared: fingerprint, journal, resume, index). Then:
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
@@ -69,6 +70,7 @@ def build_text_on_ray(
     """
     options = ray or RayOptions()
     stats: list[WorkerStats] = []
+    timings: dict[str, float] = {}  # workers_start_s: placing and starting the actors
     with ray_session(options) as ray_module:
         source = None
         if dataset is not None:
@@ -77,13 +79,15 @@ def build_text_on_ray(
             source = text_url_source(ray_module, config)
 
         def produce(job: TextJob) -> TextTotals:
+            started = time.perf_counter()
             with worker_pool(ray_module, config, options) as pool:
+                timings["workers_start_s"] = time.perf_counter() - started
                 totals = _Run(job, pool).run()
                 stats.extend(pool.stats())
                 return totals
 
         result = run_text_build(config, produce, source)
-    return replace(result, workers=tuple(stats))
+    return replace(result, workers=tuple(stats), timings={**result.timings, **timings})
 
 
 @dataclass

@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from shardstream.errors import InputError
 from shardstream.mds import ShardInfo, write_shard, write_shard_arrays
+from shardstream.shard_builder.cluster.dataset import block_items
 from shardstream.shard_builder.config import OutputOptions
 from shardstream.shard_builder.images import CheckedImages, ImageTask, process_chunk
 from shardstream.shard_builder.journal import shard_key
@@ -108,6 +109,8 @@ class BuildWorker:
         self._name = f"{_node_name()} pid {os.getpid()}"
         self._chunks = self._items = self._input = self._shards = self._written = 0
         self._busy = 0.0
+        self._cpu = 0.0
+        self._cpu_mark = time.process_time()
 
     def name(self) -> str:
         """Node address and process id (also: answers once the actor is up)."""
@@ -146,7 +149,13 @@ class BuildWorker:
     def check_images(self, task: ImageTask) -> tuple[ImageCount, list[bytes]]:
         """Check one chunk of images: numbers, sizes and bad images; the samples stay here."""
         started = time.perf_counter()
-        done: CheckedImages = process_chunk(task)
+        if task.chunk.block is not None:  # a Ray Data block: fetched from its node
+            import ray
+
+            block = ray.get(task.chunk.block)
+            done: CheckedImages = process_chunk(task, block_items(task.chunk, block, task.skip))
+        else:
+            done = process_chunk(task)
         self._account(started, chunks=1, items=len(done.samples), input_bytes=task.chunk.nbytes)
         sizes = [len(s) for s in done.samples]
         return ImageCount(done.numbers, sizes, done.bad), done.samples
@@ -212,6 +221,7 @@ class BuildWorker:
             items=self._items,
             input_bytes=self._input,
             busy_s=self._busy,
+            cpu_s=self._cpu,
             shards=self._shards,
             written_bytes=self._written,
         )
@@ -231,6 +241,9 @@ class BuildWorker:
         written: int = 0,
     ) -> None:
         self._busy += time.perf_counter() - started
+        cpu = time.process_time()  # this process: the tokenizer's threads included
+        self._cpu += cpu - self._cpu_mark
+        self._cpu_mark = cpu
         self._chunks += chunks
         self._items += items
         self._input += input_bytes

@@ -239,3 +239,41 @@ def test_text_from_s3_inputs_and_from_a_ray_dataset_matches_the_local_build(
     finally:
         ray.shutdown()
     assert _shards_and_index(dir_bytes(tmp_path / "from-ds")) == reference
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_images_from_a_ray_dataset_match_the_local_parquet_build(
+    tmp_path: Path, ray_cluster: RayCluster
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import ray
+
+    rows = [{"img": jpeg_bytes(i, (48 + i % 7, 40)), "cls": i % 4} for i in range(150)]
+    rows[33]["img"] = b"\xff\xd8\xff truncated"
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "pets.parquet", row_group_size=40)
+    options = {
+        "image_field": "img",
+        "label_field": "cls",
+        "on_bad_image": "skip",
+        **SMALL,
+        "shard_size": 16 << 10,
+    }
+    build_images(
+        ImageBuildConfig(output=str(tmp_path / "local"), inputs=(str(tmp_path / "pets.parquet"),),
+                         workers=1, **options)
+    )  # fmt: skip
+    ray.init(address=ray_cluster.address, _node_ip_address="127.0.0.2", logging_level="ERROR")
+    try:
+        dataset = ray.data.from_items(rows, override_num_blocks=5)
+        result = build_images_on_ray(
+            ImageBuildConfig(output=str(tmp_path / "ray"), inputs=("pets",), **options),
+            dataset=dataset,
+        )
+    finally:
+        ray.shutdown()
+    assert _shards_and_index(dir_bytes(tmp_path / "ray")) == _shards_and_index(
+        dir_bytes(tmp_path / "local")
+    )
+    assert result.columns == {"image": "jpeg", "label": "int"}  # sniffed by a worker
+    assert [b.source for b in result.skipped] == ["dataset block 1 row 3"]
