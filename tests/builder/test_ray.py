@@ -277,3 +277,18 @@ def test_images_from_a_ray_dataset_match_the_local_parquet_build(
     )
     assert result.columns == {"image": "jpeg", "label": "int"}  # sniffed by a worker
     assert [b.source for b in result.skipped] == ["dataset block 1 row 3"]
+
+
+def test_ray_is_imported_only_when_a_build_asks_for_it() -> None:
+    # The client install stays light: the CLI and the builder's modules load without Ray.
+    code = (
+        "import sys\n"
+        "import shardstream.shard_builder, shardstream.shard_builder.cluster\n"
+        "from shardstream.cli import build_parser\n"
+        "build_parser().parse_args(['build', 'text', 'x.jsonl', '--ray', 'auto'])\n"
+        "assert 'ray' not in sys.modules, 'ray imported'\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
