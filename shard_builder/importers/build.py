@@ -291,13 +291,14 @@ def build_import(config: ImportConfig) -> BuildResult:
             sink.check_empty(overwrite=True)
         elif (done_result := existing_result(sink, fp)) is not None:
             return done_result
-        columns = _infer_columns(config.format, files)
         # (file number, part) in input order
         units = [
             (i, part)
             for i, f in enumerate(files)
             for part in (fmt.split(f, config.part_bytes) if fmt.split else [f])
         ]
+        # From the first part, not the whole file (a TFRecord part is read in one piece).
+        columns = _infer_columns(config.format, [u for _, u in units])
         journal = BuildJournal(sink, fp)
         finished = journal.start()
         resume = finished[-1].resume if finished else {}
