@@ -22,6 +22,8 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.fixtures.server import LiveServer, start_server
 from tests.server.conftest import make_published
@@ -96,6 +98,13 @@ def test_console_in_a_real_browser(server: LiveServer, browser: WebDriver, shots
     def shot(name: str) -> None:
         assert browser.save_screenshot(str(shots / f"{name}.png"))
 
+    def go(by: str, value: str) -> None:
+        """Click a link or button and wait for the page it loads (a click returns before
+        the navigation is done: reading at once could read the old page)."""
+        old = browser.find_element(By.TAG_NAME, "html")
+        browser.find_element(by, value).click()
+        WebDriverWait(browser, 30).until(expected_conditions.staleness_of(old))
+
     def text(element_id: str) -> str:
         return str(browser.find_element(By.ID, element_id).text)
 
@@ -103,34 +112,34 @@ def test_console_in_a_real_browser(server: LiveServer, browser: WebDriver, shots
     browser.get(f"{server.url}/ui/runs")
     assert "/ui/login" in browser.current_url
     browser.find_element(By.ID, "token").send_keys("ss_wrong")
-    browser.find_element(By.ID, "sign-in").click()
+    go(By.ID, "sign-in")
     assert "unknown" in text("sign-in-error").lower()
     browser.find_element(By.ID, "token").send_keys(server.token)
     shot("sign-in")
-    browser.find_element(By.ID, "sign-in").click()
+    go(By.ID, "sign-in")
     assert browser.current_url.endswith("/ui/runs")
     cookie = browser.get_cookie("shardstream_console")
     assert cookie is not None and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
 
     # Datasets -> a dataset's versions -> a version's shards, sorted and paged.
-    browser.find_element(By.ID, "nav-datasets").click()
+    go(By.ID, "nav-datasets")
     assert "wiki-tokens" in text("datasets") and "code-tokens" in text("datasets")
     shot("datasets")
-    browser.find_element(By.LINK_TEXT, "wiki-tokens").click()
+    go(By.LINK_TEXT, "wiki-tokens")
     assert "published" in text("versions")
     shot("dataset")
-    browser.find_element(By.LINK_TEXT, "v1").click()
+    go(By.LINK_TEXT, "v1")
     assert "shard.00023.mds" in text("shards")
-    browser.find_element(By.ID, "sort-idx").click()  # descending
+    go(By.ID, "sort-idx")  # descending
     rows = browser.find_elements(By.CSS_SELECTOR, "#shards tr")
     assert "shard.00023.mds" in rows[1].text
     shot("version")
 
     # Runs -> a run: progress, the chart with its resume and rank change, checkpoints.
-    browser.find_element(By.ID, "nav-runs").click()
+    go(By.ID, "nav-runs")
     assert "llama-8b-pretrain" in text(f"run-{run_id}")
     shot("runs")
-    browser.find_element(By.PARTIAL_LINK_TEXT, "llama-8b-pretrain").click()
+    go(By.PARTIAL_LINK_TEXT, "llama-8b-pretrain")
     chart = browser.find_element(By.ID, "chart")
     assert len(chart.find_elements(By.CSS_SELECTOR, "circle.point")) == 8
     assert "4 ranks" in chart.text
@@ -143,22 +152,22 @@ def test_console_in_a_real_browser(server: LiveServer, browser: WebDriver, shots
     assert "54" in text("checkpoint-9") and text("samples-consumed") == "54"
 
     # Tokens (admin): create a read-only token; its secret is shown once.
-    browser.find_element(By.ID, "nav-tokens").click()
+    go(By.ID, "nav-tokens")
     browser.find_element(By.ID, "token-name").send_keys("dashboard-viewer")
     browser.find_element(By.ID, "token-datasets").send_keys("wiki-tokens")
-    browser.find_element(By.ID, "create").click()
+    go(By.ID, "create")
     secret = text("new-secret")
     assert secret.startswith("ss_")
     shot("tokens")
 
     # The read-only token: no tokens page in the menu, and none behind its address.
-    browser.find_element(By.ID, "sign-out").click()
+    go(By.ID, "sign-out")
     assert "/ui/login" in browser.current_url
     browser.find_element(By.ID, "token").send_keys(secret)
-    browser.find_element(By.ID, "sign-in").click()
+    go(By.ID, "sign-in")
     assert browser.find_elements(By.ID, "nav-tokens") == []
     assert "dashboard-viewer (read)" in text("signed-in-as")
-    browser.find_element(By.ID, "nav-datasets").click()
+    go(By.ID, "nav-datasets")
     assert "code-tokens" not in text("datasets")  # outside its datasets: not shown
     browser.get(f"{server.url}/ui/tokens")
     assert "403" in browser.title and "admin" in text("error-message")
