@@ -110,6 +110,7 @@ def ray_session(options: RayOptions) -> Iterator[Any]:
         # Everything on loopback: a try-out instance must not listen on the network.
         # (Ray maps 127.0.0.1 to the machine's interface address; 127.0.0.2 stays loopback.)
         kwargs.update(
+            address="local",  # a new instance, even where `ray start` runs a cluster already
             num_cpus=options.workers or os.cpu_count() or 1,
             include_dashboard=False,
             _node_ip_address=os.environ.get("SHARDSTREAM_RAY_LOCAL_IP", "127.0.0.2"),
