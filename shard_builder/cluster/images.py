@@ -15,10 +15,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from shardstream.shard_builder.cluster.connect import RayOptions, ray_session
-from shardstream.shard_builder.cluster.dataset import image_source
+from shardstream.shard_builder.cluster.dataset import image_source, is_url, url_inputs
 from shardstream.shard_builder.cluster.pool import WorkerPool, worker_pool
 from shardstream.shard_builder.cluster.worker import ImageCount
 from shardstream.shard_builder.config import ImageBuildConfig
+from shardstream.shard_builder.image_source import PARQUET_SUFFIXES
 from shardstream.shard_builder.images import (
     ImageJob,
     bad_images_error,
@@ -41,7 +42,8 @@ def build_images_on_ray(
 ) -> BuildResult:
     """:func:`~shardstream.shard_builder.build_images` with Ray workers: byte-identical output.
 
-    The input is ``config.inputs`` (a folder or Parquet files every node can read), or
+    The input is ``config.inputs`` (a folder or Parquet files every node can read, or
+    ``s3://`` Parquet files, which Ray Data reads), or
     ``dataset``: a ``ray.data.Dataset`` with ``config.image_field`` (bytes, or a
     ``{bytes, path}`` struct) and an integer ``config.label_field``, in order
     (``config.inputs`` then only names it; ``lineage`` describes its source).
@@ -54,6 +56,9 @@ def build_images_on_ray(
 
     with ray_session(options) as ray_module:
         source = None
+        if dataset is None and any(is_url(name) for name in config.inputs):
+            lineage = url_inputs(config.inputs, PARQUET_SUFFIXES)  # image Parquet, read by Ray
+            dataset = ray_module.data.read_parquet([o["url"] for o in lineage])
         if dataset is not None:
             source, encoding = image_source(ray_module, dataset, config, lineage)
             config = replace(config, image_format=encoding)  # type: ignore[arg-type]

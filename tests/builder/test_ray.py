@@ -242,8 +242,8 @@ def test_text_from_s3_inputs_and_from_a_ray_dataset_matches_the_local_build(
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
-def test_images_from_a_ray_dataset_match_the_local_parquet_build(
-    tmp_path: Path, ray_cluster: RayCluster
+def test_images_from_a_ray_dataset_and_from_s3_match_the_local_parquet_build(
+    tmp_path: Path, s3_bucket: S3Bucket, ray_cluster: RayCluster
 ) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -277,6 +277,15 @@ def test_images_from_a_ray_dataset_match_the_local_parquet_build(
     )
     assert result.columns == {"image": "jpeg", "label": "int"}  # sniffed by a worker
     assert [b.source for b in result.skipped] == ["dataset block 1 row 3"]
+
+    # Image Parquet in object storage: listed by the driver, read by Ray Data.
+    open_store(f"{s3_bucket.url}/raw").upload(tmp_path / "pets.parquet", "pets.parquet")
+    url = f"{s3_bucket.url}/from-s3"
+    build_images_on_ray(
+        ImageBuildConfig(output=url, inputs=(f"{s3_bucket.url}/raw/",), **options),
+        RayOptions(address=ray_cluster.address),
+    )
+    assert _shards_and_index(_stored(url)) == _shards_and_index(dir_bytes(tmp_path / "local"))
 
 
 def test_ray_is_imported_only_when_a_build_asks_for_it() -> None:
