@@ -9,6 +9,7 @@ shards in order, so a killed build resumes after its last stored shard.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from dataclasses import dataclass, replace
@@ -16,6 +17,7 @@ from typing import Any
 
 from shardstream.shard_builder.cluster.connect import RayOptions, ray_session
 from shardstream.shard_builder.cluster.dataset import image_source, is_url, url_inputs
+from shardstream.shard_builder.cluster.journaling import RecordWriter
 from shardstream.shard_builder.cluster.pool import WorkerPool, worker_pool
 from shardstream.shard_builder.cluster.worker import ImageCount
 from shardstream.shard_builder.config import ImageBuildConfig
@@ -93,8 +95,18 @@ class _Run:
         self.samples: dict[int, tuple[Any, int]] = {}  # checked tasks a shard still needs
         self.ranges: list[tuple[int, int, int]] = []  # the open shard: (task, start, end)
         self.writes: deque[_Write] = deque()
+        self.records = RecordWriter(job.journal)
 
     def run(self) -> None:
+        try:
+            self._run()
+        except BaseException:
+            with contextlib.suppress(Exception):  # the build's own error is the one to see
+                self.records.close()
+            raise
+        self.records.close()
+
+    def _run(self) -> None:
         tasks = self.job.tasks
         next_submit = next_count = 0
         while next_count < len(tasks):
@@ -172,5 +184,5 @@ class _Run:
             info = self.pool.get(write.ref)
             assert write.position == len(self.job.shards)
             self.job.shards.append(info)
-            self.job.journal.record(write.position, info, write.state)
+            self.records.record(write.position, info, write.state)
             self.job.progress.count(shards=1, MB_written=info.stored.bytes / _MB)

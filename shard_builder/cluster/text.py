@@ -16,6 +16,7 @@ is shared: fingerprint, journal, resume, index). Then:
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from dataclasses import dataclass, replace
@@ -28,6 +29,7 @@ from shardstream.shard_builder.cluster.dataset import (
     text_source,
     text_url_source,
 )
+from shardstream.shard_builder.cluster.journaling import RecordWriter
 from shardstream.shard_builder.cluster.pool import WorkerPool, worker_pool
 from shardstream.shard_builder.cluster.worker import BlockTask, TokenCount
 from shardstream.shard_builder.config import TextBuildConfig
@@ -109,10 +111,21 @@ class _Run:
         self.tokenizing: dict[int, tuple[Any, Any, int]] = {}  # chunk -> count, tokens, actor
         self.tokens: dict[int, tuple[Any, int]] = {}  # counted chunks a shard still needs
         self.writes: deque[_Write] = deque()
+        self.records = RecordWriter(job.journal)
         self.documents = job.documents
         self.reported = 0
 
     def run(self) -> TextTotals:
+        try:
+            totals = self._run()
+        except BaseException:
+            with contextlib.suppress(Exception):  # the build's own error is the one to see
+                self.records.close()
+            raise
+        self.records.close()
+        return totals
+
+    def _run(self) -> TextTotals:
         job, config = self.job, self.job.config
         chunks = job.chunks
         next_submit = next_count = job.start.chunk
@@ -209,5 +222,5 @@ class _Run:
             info = self.pool.get(write.ref)
             assert write.position == len(self.job.shards)
             self.job.shards.append(info)
-            self.job.journal.record(write.position, info, write.resume)
+            self.records.record(write.position, info, write.resume)
             self.job.progress.count(shards=1, MB_written=info.stored.bytes / _MB)
