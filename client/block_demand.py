@@ -149,7 +149,7 @@ class BlockDemand:
         for (shard, _), place in zip(groups, places, strict=True):
             if isinstance(place, PartialShard) and self.ranged(shard):
                 place.request_header()  # every header in flight at once, not one after another
-        waiting: list[tuple[int, PartialShard, np.ndarray[Any, Any]]] = []
+        waiting: list[tuple[int, PartialShard, np.ndarray[Any, Any], np.ndarray[Any, Any]]] = []
         for (shard, idx), where in zip(groups, places, strict=True):
             if isinstance(where, ShardReader):
                 readers[shard] = where
@@ -163,10 +163,16 @@ class BlockDemand:
                     self._memory.touch(where, blocks, tick)
                     self._memory.make_room(where.missing_bytes(blocks))
                 where.request(blocks)  # every shard's blocks in flight before waiting on any
-                waiting.append((shard, where, blocks))
-        for shard, where, blocks in waiting:
+                waiting.append((shard, where, blocks, idx))
+        for shard, where, blocks, idx in waiting:
             where.wait(blocks)
             readers[shard] = where.reader()
+            # Blocks chosen from the index's offsets before the header came: the header's
+            # own offsets decide (a shard whose header disagrees gets what it really needs).
+            extra = np.setdiff1d(where.blocks_for(idx), blocks)
+            if extra.size:
+                where.request(extra)
+                where.wait(extra)
         return readers
 
     def plan_memory(self, need: int, last: dict[int, int]) -> None:

@@ -23,7 +23,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -41,7 +41,13 @@ from shardstream.client.range_queue import DEMAND, RangeQueue
 
 if TYPE_CHECKING:
     from shardstream.client.memory_peers import BlockClaims
-from shardstream.client.ranges import blocks_between, blocks_of_samples, coalesce, header_bytes
+from shardstream.client.ranges import (
+    blocks_between,
+    blocks_of_samples,
+    coalesce,
+    header_bytes,
+    offsets_from_index,
+)
 from shardstream.errors import CorruptShardError, StorageError
 from shardstream.hashing import verify_file
 from shardstream.mds import ShardInfo, ShardReader
@@ -88,6 +94,7 @@ class PartialShard:
         self._cond = threading.Condition()
         self._error: BaseException | None = None
         self._reader: ShardReader | None = None
+        self._index_offsets: npt.NDArray[np.int64] | Literal[False] | None = None
         self._header_blocks = np.empty(0, dtype=np.int64)
         self._reader_lock = threading.Lock()
         self.whole_lock = threading.Lock()
@@ -344,8 +351,22 @@ class PartialShard:
         return ShardReader(self.path, self.info)
 
     def blocks_for(self, local: npt.ArrayLike) -> npt.NDArray[np.int64]:
-        """Blocks holding samples ``local`` (fetches the header first if needed)."""
+        """Blocks holding samples ``local``: from the header's offsets, or before the
+        header is here, from the index alone where that determines them
+        (:meth:`index_offsets`), so a first batch requests its blocks in the same round
+        trip as the headers. Readers check them against the header (``BlockDemand.need``)."""
+        if self._reader is None:
+            offsets = self.index_offsets()
+            if offsets is not None:
+                return blocks_of_samples(offsets, local, self.block_size)
         return blocks_of_samples(self.reader().offsets, local, self.block_size)
+
+    def index_offsets(self) -> npt.NDArray[np.int64] | None:
+        """:func:`~shardstream.client.ranges.offsets_from_index` of this shard (once)."""
+        if self._index_offsets is None:
+            found = offsets_from_index(self.info) if self._digests is not None else None
+            self._index_offsets = False if found is None else found
+        return None if self._index_offsets is False else self._index_offsets
 
     def header_blocks(self) -> npt.NDArray[np.int64]:
         """Blocks of the header (pinned: never evicted while the shard is open)."""

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from shardstream.mds import ShardInfo
+
 __all__ = [
     "DEFAULT_BLOCK_BYTES",
     "blocks_between",
@@ -21,6 +23,7 @@ __all__ = [
     "blocks_of_spans",
     "coalesce",
     "header_bytes",
+    "offsets_from_index",
 ]
 
 I64 = npt.NDArray[np.int64]
@@ -35,6 +38,23 @@ def header_bytes(num_samples: int) -> int:
     The config JSON that follows has no recorded length; it ends at ``offsets[0]``.
     """
     return 4 * (num_samples + 2)
+
+
+def offsets_from_index(info: ShardInfo) -> I64 | None:
+    """A shard's ``n + 1`` sample offsets from its index entry alone, or ``None``.
+
+    Where every column has a fixed size and the index records the header's length (its
+    header digest), sample ``i`` starts at ``header length + i * sample size``; that layout
+    must also end exactly at the file's recorded size. A reader still uses the header's
+    own offsets; these only let it request a batch's blocks before the header is here.
+    """
+    head = info.header_digest
+    if head is None or any(size is None for size in info.column_sizes):
+        return None
+    step = sum(int(size or 0) for size in info.column_sizes)
+    if head.length + info.samples * step != info.raw_data.bytes:
+        return None
+    return head.length + step * np.arange(info.samples + 1, dtype=np.int64)
 
 
 def blocks_between(num_blocks: int, block_size: int, start: int, end: int) -> I64:

@@ -9,6 +9,7 @@ fetched.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +20,12 @@ import pytest
 
 from shardstream.client import CacheOptions, PlanOptions, StreamingDataset
 from shardstream.client.distributed import Topology
-from shardstream.client.ranges import blocks_of_samples, blocks_of_spans, coalesce
+from shardstream.client.ranges import (
+    blocks_of_samples,
+    blocks_of_spans,
+    coalesce,
+    offsets_from_index,
+)
 from shardstream.errors import HashMismatchError
 from shardstream.mds import MDSIndex, MDSWriter, load_index, write_shard_arrays
 from shardstream.storage import open_store
@@ -95,6 +101,32 @@ def test_blocks_of_spans_and_coalesce() -> None:
     assert blocks_of_spans(np.array([5]), np.array([5]), 8).tolist() == []
     assert coalesce(np.array([1, 2, 3, 4, 9]), 3) == [(1, 3), (4, 4), (9, 9)]
     assert coalesce(np.array([], dtype=np.int64), 3) == []
+
+
+def test_fixed_size_samples_are_located_from_the_index_alone(tmp_path: Path) -> None:
+    """A first batch requests its blocks before the headers arrive where the index fixes
+    the layout: the offsets it implies are the header's, and variable-size columns (or a
+    layout that does not end at the file's size) give none."""
+    from shardstream.mds import ShardReader
+
+    fixed = {"tokens": "ndarray:uint16:64", "id": "int64"}
+    with MDSWriter(tmp_path / "fixed", fixed, block_size=4096, size_limit=20_000) as w:
+        for i in range(300):
+            w.write({"tokens": np.full(64, i, np.uint16), "id": i})
+    shards = load_index(tmp_path / "fixed" / "index.json").shards
+    assert len(shards) > 1
+    for shard in shards:
+        reader = ShardReader(tmp_path / "fixed" / shard.raw_data.basename, shard)
+        assert np.array_equal(offsets_from_index(shard), reader.offsets)
+    with MDSWriter(tmp_path / "var", {"text": "str"}, block_size=4096) as w:
+        for i in range(50):
+            w.write({"text": "x" * i})
+    assert offsets_from_index(load_index(tmp_path / "var" / "index.json").shards[0]) is None
+    shard = shards[0]
+    grown = dataclasses.replace(
+        shard, raw_data=dataclasses.replace(shard.raw_data, bytes=shard.raw_data.bytes + 1)
+    )
+    assert offsets_from_index(grown) is None
 
 
 def test_same_sequence_whole_ranged_and_cacheless_with_faults(
