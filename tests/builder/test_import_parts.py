@@ -18,8 +18,10 @@ from tfrecord.writer import TFRecordWriter
 from shardstream.shard_builder.importers import ImportConfig, build_import
 from shardstream.shard_builder.importers.formats import get_format
 from shardstream.shard_builder.importers.source import SourceUnit
+from shardstream.storage import open_store
 from tests.builder.conftest import dir_bytes
 from tests.builder.test_resume import _kill_when
+from tests.fixtures.s3 import S3Bucket
 
 SMALL = {"shard_size": 6 * 1024, "allow_small_shards": True, "progress": False}
 
@@ -132,3 +134,19 @@ def test_killed_import_resumes_with_other_parts_to_the_same_bytes(tmp_path: Path
     build_import(config(clean, 1 << 30, 1))
     assert dir_bytes(out) == dir_bytes(clean)
     assert len(resumed.shards) > killed_after + 20  # killed mid-way
+
+
+def test_parts_imported_into_s3_match_a_local_import(tmp_path: Path, s3_bucket: S3Bucket) -> None:
+    # A remote output stages shards (and the workers' spool files) in a temp folder.
+    source = _tfrecord(tmp_path)
+    local = tmp_path / "local"
+    for output, workers in ((str(local), 1), (f"{s3_bucket.url}/imported", 2)):
+        build_import(
+            ImportConfig(
+                format="tfrecord", inputs=(source,), output=output, workers=workers,
+                part_bytes=1500, **SMALL,
+            )
+        )  # fmt: skip
+    store = open_store(f"{s3_bucket.url}/imported")
+    remote = {key: store.read_bytes(key) for key, _ in store.list("")}
+    assert remote == dir_bytes(local)
