@@ -102,6 +102,14 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
         help="build on a Ray cluster: HOST:PORT or ray://HOST:PORT, 'auto' (the cluster this "
         "machine is in) or 'local' (start Ray on this machine); needs shardstream[ray]",
     )
+    parser.add_argument(
+        "--ray-retries",
+        type=int,
+        default=2,
+        metavar="N",
+        help="with --ray: when a worker or node is lost, resume from the journal on the "
+        "nodes left up to N times before failing (default 2)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
         "--overwrite", action="store_true", help="replace a dataset already in the output"
@@ -195,13 +203,16 @@ def _run_images(args: argparse.Namespace) -> int:
 def _ray_options(args: argparse.Namespace) -> Any:
     from shardstream.shard_builder.cluster import RayOptions
 
-    return RayOptions(address=args.ray, workers=args.workers)
+    return RayOptions(address=args.ray, workers=args.workers, retries=args.ray_retries)
 
 
 # Options that do not change what a build writes: a re-run may change them and still
 # continue the draft (and journal) of the run it repeats.
 _RUN_ONLY_OPTIONS = frozenset(
-    {"handler", "token", "no_progress", "workers", "ray", "verbose", "server", "description"}
+    {
+        *("handler", "token", "no_progress", "workers", "ray", "ray_retries", "verbose"),
+        *("server", "description"),
+    }
 )
 
 

@@ -42,7 +42,9 @@ class RayOptions:
     ``"ray://HOST:PORT"``. ``workers`` is the number of worker actors, one CPU each
     (default: every CPU of the cluster). ``forward_env`` passes the driver's ``AWS_*`` and
     proxy settings to the workers (they upload the shards), ``startup_timeout_s`` is how
-    long to wait for the workers to be placed.
+    long to wait for the workers to be placed. ``retries`` is how many times a build that
+    lost a worker or a node resumes by itself from its journal, on the nodes left, before
+    it stops with the error.
 
     Example::
 
@@ -53,12 +55,15 @@ class RayOptions:
     workers: int | None = None
     forward_env: bool = True
     startup_timeout_s: float = 120.0
+    retries: int = 2
 
     def __post_init__(self) -> None:
         if not self.address:
             raise ConfigError("--ray needs an address: local, auto, HOST:PORT or ray://HOST:PORT")
         if self.workers is not None and self.workers < 1:
             raise ConfigError(f"workers must be at least 1, got {self.workers}")
+        if self.retries < 0:
+            raise ConfigError(f"retries must be 0 or more, got {self.retries}")
 
 
 def import_ray() -> Any:

@@ -10,6 +10,7 @@ shards in order, so a killed build resumes after its last stored shard.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, replace
@@ -18,7 +19,7 @@ from typing import Any
 from shardstream.shard_builder.cluster.connect import RayOptions, ray_session
 from shardstream.shard_builder.cluster.dataset import image_source, is_url, url_inputs
 from shardstream.shard_builder.cluster.journaling import RecordWriter
-from shardstream.shard_builder.cluster.pool import WorkerPool, worker_pool
+from shardstream.shard_builder.cluster.pool import WorkerLostError, WorkerPool, worker_pool
 from shardstream.shard_builder.cluster.worker import ImageCount
 from shardstream.shard_builder.config import ImageBuildConfig
 from shardstream.shard_builder.image_source import PARQUET_SUFFIXES
@@ -33,6 +34,7 @@ from shardstream.shard_builder.packing import GreedyCut
 from shardstream.shard_builder.result import BuildResult, WorkerStats
 
 _MB = 1 << 20
+log = logging.getLogger(__name__)
 
 
 def build_images_on_ray(
@@ -72,7 +74,22 @@ def build_images_on_ray(
                 _Run(job, pool).run()
                 stats.extend(pool.stats())
 
-        result = run_image_build(config, produce, source)
+        for attempt in range(options.retries + 1):
+            stats.clear()
+            try:
+                result = run_image_build(config, produce, source)
+                break
+            except WorkerLostError as exc:
+                if attempt == options.retries:
+                    raise
+                # The journal holds every shard stored so far: the next attempt reuses them.
+                lost = str(exc).split("; the finished shards")[0]
+                log.warning(
+                    "%s; resuming from the journal (attempt %d of %d)",
+                    lost,
+                    attempt + 2,
+                    options.retries + 1,
+                )
     return replace(result, workers=tuple(stats), timings={**result.timings, **timings})
 
 

@@ -23,7 +23,12 @@ from shardstream.shard_builder.result import WorkerStats
 
 log = logging.getLogger(__name__)
 
+_GRACE_S = 15.0
 _RESUME = "the finished shards are kept: run the same command again to resume"
+
+
+class WorkerLostError(ShardstreamError):
+    """A worker actor, its node or an object it held was lost: a re-run resumes."""
 
 
 class WorkerPool:
@@ -110,7 +115,7 @@ def translate_errors(ray: Any) -> Iterator[None]:
         exceptions.OwnerDiedError,
     ) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ShardstreamError(
+        raise WorkerLostError(
             f"a Ray worker or its node was lost during the build ({type(exc).__name__}: "
             f"{first}); {_RESUME}"
         ) from exc
@@ -157,9 +162,11 @@ def _started(ray: Any, actors: list[Any], options: RayOptions, cpus: int) -> lis
     pending = list(names)
     while pending and time.monotonic() < deadline:
         done, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+        if done and not ready:
+            # Once one worker is up the others get a grace period, not the whole timeout:
+            # CPUs of a node just lost may still be counted for a while.
+            deadline = min(deadline, time.monotonic() + _GRACE_S)
         ready.extend(done)
-        if ready and len(ready) >= cpus:
-            break
     if not ready:
         raise ShardstreamError(
             f"no Ray worker started within {options.startup_timeout_s:.0f} s on the cluster "

@@ -17,6 +17,7 @@ is shared: fingerprint, journal, resume, index). Then:
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, replace
@@ -30,7 +31,7 @@ from shardstream.shard_builder.cluster.dataset import (
     text_url_source,
 )
 from shardstream.shard_builder.cluster.journaling import RecordWriter
-from shardstream.shard_builder.cluster.pool import WorkerPool, worker_pool
+from shardstream.shard_builder.cluster.pool import WorkerLostError, WorkerPool, worker_pool
 from shardstream.shard_builder.cluster.worker import BlockTask, TokenCount
 from shardstream.shard_builder.config import TextBuildConfig
 from shardstream.shard_builder.packing import ShardCut, StreamCutter
@@ -45,6 +46,7 @@ from shardstream.shard_builder.text import (
 )
 
 _MB = 1 << 20
+log = logging.getLogger(__name__)
 
 
 def build_text_on_ray(
@@ -88,7 +90,22 @@ def build_text_on_ray(
                 stats.extend(pool.stats())
                 return totals
 
-        result = run_text_build(config, produce, source)
+        for attempt in range(options.retries + 1):
+            stats.clear()
+            try:
+                result = run_text_build(config, produce, source)
+                break
+            except WorkerLostError as exc:
+                if attempt == options.retries:
+                    raise
+                # The journal holds every shard stored so far: the next attempt reuses them.
+                lost = str(exc).split("; the finished shards")[0]
+                log.warning(
+                    "%s; resuming from the journal (attempt %d of %d)",
+                    lost,
+                    attempt + 2,
+                    options.retries + 1,
+                )
     return replace(result, workers=tuple(stats), timings={**result.timings, **timings})
 
 

@@ -162,6 +162,7 @@ def test_worker_node_lost_fails_clearly_then_rerun_resumes(
     corpus = write_jsonl(tmp_path / "corpus.jsonl", make_docs(6000, seed=42, max_words=120))
     url = f"{s3_bucket.url}/corpus"
     args = _cli("text", str(corpus), *SMALL, "--ray", ray_cluster.address, "--output", url)
+    args += ["--ray-retries", "0"]  # stop at the loss (the default resumes by itself)
     proc = _run_until(args, lambda: len(_journal(url)) >= 15, tmp_path)
     try:
         ray_cluster.kill_worker_node()  # the second raylet and its workers, as a lost machine
@@ -180,6 +181,31 @@ def test_worker_node_lost_fails_clearly_then_rerun_resumes(
 
     rerun = _rerun(args, tmp_path)
     assert f"{journaled} shards reused" in rerun.stderr
+    store = open_store(url)
+    stored = {key: store.read_bytes(key) for key, _ in store.list()}
+    assert stored == _reference(tmp_path, [corpus], None)
+
+
+@pytest.mark.slow
+def test_worker_node_lost_build_resumes_by_itself_on_the_nodes_left(
+    tmp_path: Path, s3_bucket: S3Bucket, ray_cluster: RayCluster
+) -> None:
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", make_docs(6000, seed=44, max_words=120))
+    url = f"{s3_bucket.url}/corpus"
+    args = _cli("text", str(corpus), *SMALL, "--ray", ray_cluster.address, "--output", url)
+    proc = _run_until(args, lambda: len(_journal(url)) >= 15, tmp_path)
+    try:
+        ray_cluster.kill_worker_node()
+        _, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        ray_cluster.start_worker_node()
+    message = err.decode()
+    assert proc.returncode == 0, message
+    assert "a Ray worker or its node was lost" in message
+    assert "resuming from the journal (attempt 2 of 3)" in message
+    assert "shards reused from an earlier run" in message
     store = open_store(url)
     stored = {key: store.read_bytes(key) for key, _ in store.list()}
     assert stored == _reference(tmp_path, [corpus], None)
