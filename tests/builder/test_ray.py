@@ -138,11 +138,13 @@ def test_cli_ray_flag_builds_on_the_cluster_and_reports_each_worker(
     write_jsonl(tmp_path / "d.jsonl", make_docs(800, seed=34))
     common = ["build", "text", str(tmp_path / "d.jsonl"), "--seq-len", "32", "--no-progress"]
     common += ["--shard-size", "4KB", "--allow-small-shards", "--chunk-bytes", "8KB"]
+    common += ["--compression", "zstd", "--spread-prefixes"]  # written as the workers write
     assert main([*common, "-o", str(tmp_path / "local"), "--workers", "1"]) == 0
     capsys.readouterr()
     assert main([*common, "-o", str(tmp_path / "ray"), "--ray", ray_cluster.address]) == 0
     err = capsys.readouterr().err
     assert dir_bytes(tmp_path / "ray") == dir_bytes(tmp_path / "local")
+    assert list((tmp_path / "ray").glob("*/shard.*.mds.zstd"))  # hashed folders, compressed
     workers = [line for line in err.splitlines() if line.startswith("worker 127.0.0.2 node")]
     assert len(workers) == 2, err  # one line per actor: documents/s, MB/s in, shards, busy %
     assert all("documents/s" in line and "shards" in line for line in workers)
