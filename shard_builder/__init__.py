@@ -11,7 +11,8 @@ Two builds, each a frozen config and one function::
 Both use every core, write byte-identical output for the same inputs and options whatever
 the worker count, resume a killed build from its last finished shard, and write
 ``index.json`` last. The same builds run from the command line as ``shardstream build
-text|images``. See ``docs/building.md``.
+text|images``, and on a Ray cluster with ``--ray`` (:mod:`.cluster`, the ``[ray]`` extra:
+byte-identical output). See ``docs/building.md``.
 """
 
 from shardstream.shard_builder.config import ImageBuildConfig, OutputOptions, TextBuildConfig
