@@ -19,7 +19,7 @@ from typing import Any
 from shardstream.shard_builder.cluster.connect import RayOptions, ray_session
 from shardstream.shard_builder.cluster.dataset import image_source, is_url, url_inputs
 from shardstream.shard_builder.cluster.journaling import RecordWriter
-from shardstream.shard_builder.cluster.pool import WorkerLostError, WorkerPool, worker_pool
+from shardstream.shard_builder.cluster.pool import WorkerPool, resuming, worker_pool
 from shardstream.shard_builder.cluster.worker import ImageCount
 from shardstream.shard_builder.config import ImageBuildConfig
 from shardstream.shard_builder.image_source import PARQUET_SUFFIXES
@@ -74,22 +74,11 @@ def build_images_on_ray(
                 _Run(job, pool).run()
                 stats.extend(pool.stats())
 
-        for attempt in range(options.retries + 1):
+        def attempt() -> BuildResult:
             stats.clear()
-            try:
-                result = run_image_build(config, produce, source)
-                break
-            except WorkerLostError as exc:
-                if attempt == options.retries:
-                    raise
-                # The journal holds every shard stored so far: the next attempt reuses them.
-                lost = str(exc).split("; the finished shards")[0]
-                log.warning(
-                    "%s; resuming from the journal (attempt %d of %d)",
-                    lost,
-                    attempt + 2,
-                    options.retries + 1,
-                )
+            return run_image_build(config, produce, source)
+
+        result = resuming(attempt, options.retries)
     return replace(result, workers=tuple(stats), timings={**result.timings, **timings})
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from shardstream.errors import ConfigError, ShardstreamError
 from shardstream.shard_builder.cluster.connect import RayOptions, worker_env
@@ -29,6 +29,25 @@ _RESUME = "the finished shards are kept: run the same command again to resume"
 
 class WorkerLostError(ShardstreamError):
     """A worker actor, its node or an object it held was lost: a re-run resumes."""
+
+
+R = TypeVar("R")
+
+
+def resuming(build: Callable[[], R], retries: int) -> R:
+    """``build()``, run again from its journal up to ``retries`` times while workers are
+    lost (the journal holds every shard stored so far: each attempt reuses them)."""
+    for attempt in range(retries + 1):
+        try:
+            return build()
+        except WorkerLostError as exc:
+            if attempt == retries:
+                raise
+            lost = str(exc).split("; the finished shards")[0]
+            log.warning(
+                "%s; resuming from the journal (attempt %d of %d)", lost, attempt + 2, retries + 1
+            )
+    raise AssertionError("unreachable")
 
 
 class WorkerPool:

@@ -31,7 +31,7 @@ from shardstream.shard_builder.cluster.dataset import (
     text_url_source,
 )
 from shardstream.shard_builder.cluster.journaling import RecordWriter
-from shardstream.shard_builder.cluster.pool import WorkerLostError, WorkerPool, worker_pool
+from shardstream.shard_builder.cluster.pool import WorkerPool, resuming, worker_pool
 from shardstream.shard_builder.cluster.worker import BlockTask, TokenCount
 from shardstream.shard_builder.config import TextBuildConfig
 from shardstream.shard_builder.packing import ShardCut, StreamCutter
@@ -90,22 +90,11 @@ def build_text_on_ray(
                 stats.extend(pool.stats())
                 return totals
 
-        for attempt in range(options.retries + 1):
+        def attempt() -> BuildResult:
             stats.clear()
-            try:
-                result = run_text_build(config, produce, source)
-                break
-            except WorkerLostError as exc:
-                if attempt == options.retries:
-                    raise
-                # The journal holds every shard stored so far: the next attempt reuses them.
-                lost = str(exc).split("; the finished shards")[0]
-                log.warning(
-                    "%s; resuming from the journal (attempt %d of %d)",
-                    lost,
-                    attempt + 2,
-                    options.retries + 1,
-                )
+            return run_text_build(config, produce, source)
+
+        result = resuming(attempt, options.retries)
     return replace(result, workers=tuple(stats), timings={**result.timings, **timings})
 
 
