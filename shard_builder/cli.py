@@ -88,6 +88,13 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--compression", default="none", help="none (default) or zstd[:level]")
     parser.add_argument(
+        "--block-size",
+        default="4MiB",
+        help="bytes per block digest, 64KiB-64MiB (default 4MiB): readers streaming from object "
+        "storage fetch and verify whole blocks, so smaller blocks give a faster cold first "
+        "batch and a longer index",
+    )
+    parser.add_argument(
         "--hashes", default="sha1,xxh3_64", help="shard hashes, comma-separated (sha1,xxh3_64)"
     )
     parser.add_argument(
@@ -140,6 +147,7 @@ def _output_options(args: argparse.Namespace, output: str) -> dict[str, Any]:
     return {
         "output": output,
         "shard_size": parse_size(args.shard_size),
+        "block_size": parse_size(args.block_size),
         "compression": compression,
         "hashes": tuple(h.strip() for h in args.hashes.split(",") if h.strip()),
         "workers": args.workers or os.cpu_count() or 1,

@@ -14,9 +14,12 @@ from typing import Any, Literal
 
 from shardstream.errors import ConfigError
 from shardstream.hashing import SUPPORTED_HASHES
+from shardstream.mds import DEFAULT_BLOCK_SIZE
 
 MB = 1 << 20
 DEFAULT_SHARD_SIZE = 128 * MB
+MIN_BLOCK_SIZE = 64 << 10
+MAX_BLOCK_SIZE = 64 * MB
 DEFAULT_CHUNK_BYTES = 2 * MB  # input bytes per unit of parallel work (small: balances the cores)
 MIN_SHARD_SIZE = 64 * MB
 MAX_SHARD_SIZE = 256 * MB
@@ -60,9 +63,20 @@ class OutputOptions:
     overwrite: bool = False
     allow_small_shards: bool = False
     spread_prefixes: bool = False
+    block_size: int = DEFAULT_BLOCK_SIZE
+    """Bytes per block digest (ranged readers fetch and verify whole blocks): smaller blocks
+    make a cold first batch cheaper and the index longer (16 hex digits per block)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hashes", _as_tuple(self.hashes))
+        if not isinstance(self.block_size, int) or not (
+            MIN_BLOCK_SIZE <= self.block_size <= MAX_BLOCK_SIZE
+        ):
+            raise ConfigError(
+                f"block size {self.block_size!r} is outside the accepted range "
+                f"{MIN_BLOCK_SIZE // 1024} KiB-{MAX_BLOCK_SIZE // MB} MiB; pass e.g. "
+                "--block-size 1MiB"
+            )
         if not self.output:
             raise ConfigError("output: give a local directory or an s3://bucket/prefix URL")
         low = _ABSOLUTE_MIN_SHARD_SIZE if self.allow_small_shards else MIN_SHARD_SIZE
@@ -197,6 +211,8 @@ def content_options(config: OutputOptions) -> dict[str, Any]:
     if not out["spread_prefixes"]:
         # Absent when off: builds made before the option keep their fingerprint.
         del out["spread_prefixes"]
+    if out["block_size"] == DEFAULT_BLOCK_SIZE:
+        del out["block_size"]  # the same for builds made before the option
     return out
 
 

@@ -154,6 +154,7 @@ class _GreedyShards:
             compression=self._config.compression,
             hashes=self._config.hashes,
             size_limit=self._config.shard_size,
+            block_size=self._config.block_size,
         )
         self.shards.append(info)
         state = shard_state(self.skipped, next_item, final=final)

@@ -255,6 +255,7 @@ def _produce_locally(job: TextJob) -> TextTotals:
             compression=config.compression,
             hashes=config.hashes,
             size_limit=config.shard_size,
+            block_size=config.block_size,
         )
         shards.append(info)
         sink.stored(info, lambda: job.journal.record(position, info, info_resume))

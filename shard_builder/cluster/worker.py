@@ -182,6 +182,7 @@ class BuildWorker:
             compression=opts.compression,
             hashes=opts.hashes,
             size_limit=opts.shard_size,
+            block_size=opts.block_size,
         )
         self._out.store(info)
         self._account(started, shards=1, written=info.stored.bytes)
@@ -208,6 +209,7 @@ class BuildWorker:
             compression=opts.compression,
             hashes=opts.hashes,
             size_limit=opts.shard_size,
+            block_size=opts.block_size,
         )
         self._out.store(info)
         self._account(started, shards=1, written=info.stored.bytes)

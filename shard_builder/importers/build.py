@@ -254,6 +254,7 @@ class _Packer:
             self._template,
             np.concatenate(self._sizes),
             self._parts,
+            block_size=cfg.block_size,
         )
         self.shards.append(info)
         before = [b for number, b in unit_bad if number < next_position[1]]

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from shardstream.cli import main
 from shardstream.mds import DEFAULT_BLOCK_SIZE, load_index, verify_range
 from tests.builder.conftest import make_docs, write_jsonl
 
 
-def _check(out: Path) -> int:
+def _check(out: Path, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
     index = load_index(out / "index.json")
     for shard in index.shards:
         digests = shard.block_digests
-        assert digests is not None and digests.block_size == DEFAULT_BLOCK_SIZE
+        assert digests is not None and digests.block_size == block_size
         assert digests.file_size == shard.raw_data.bytes
         verify_range(shard, 0, (out / shard.raw_data.basename).read_bytes())
     return len(index.shards)
@@ -36,3 +37,23 @@ def test_built_shards_have_block_digests(tmp_path: Path, image_folder: Path) -> 
         ]
     )  # fmt: skip
     assert rc == 0 and _check(tmp_path / "img") > 1
+
+
+def test_block_size_is_an_option_and_part_of_the_build(tmp_path: Path, capsys: Any) -> None:
+    """``--block-size`` sets the digest blocks (a finer fetch unit for ranged readers); a
+    re-run into the same output with another block size is refused, not mixed; a bad
+    size is one error line."""
+    write_jsonl(tmp_path / "d.jsonl", make_docs(400, seed=3))
+    args = [
+        "build", "text", str(tmp_path / "d.jsonl"), "--seq-len", "16", "-o",
+        str(tmp_path / "text"), "--shard-size", "300KB", "--allow-small-shards",
+        "--workers", "1", "--no-progress",
+    ]  # fmt: skip
+    assert main([*args, "--block-size", "64KiB"]) == 0
+    assert _check(tmp_path / "text", 64 << 10) >= 1
+    shard = load_index(tmp_path / "text" / "index.json").shards[0]
+    assert shard.block_digests is not None and shard.block_digests.num_blocks > 1
+    assert main([*args, "--block-size", "128KiB"]) != 0  # another build's journal is there
+    assert "--overwrite" in capsys.readouterr().err
+    assert main([*args, "--block-size", "1KB"]) == 1
+    assert "block size 1024 is outside the accepted range" in capsys.readouterr().err
