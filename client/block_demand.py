@@ -167,12 +167,13 @@ class BlockDemand:
         for shard, where, blocks, idx in waiting:
             where.wait(blocks)
             readers[shard] = where.reader()
-            # Blocks chosen from the index's offsets before the header came: the header's
-            # own offsets decide (a shard whose header disagrees gets what it really needs).
-            extra = np.setdiff1d(where.blocks_for(idx), blocks)
-            if extra.size:
-                where.request(extra)
-                where.wait(extra)
+            if where.index_offsets_differ():
+                # Blocks chosen from the index's offsets before the header came: the
+                # header's own offsets decide what this chunk really needs.
+                extra = np.setdiff1d(where.blocks_for(idx), blocks)
+                if extra.size:
+                    where.request(extra)
+                    where.wait(extra)
         return readers
 
     def plan_memory(self, need: int, last: dict[int, int]) -> None:

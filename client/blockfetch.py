@@ -95,6 +95,7 @@ class PartialShard:
         self._error: BaseException | None = None
         self._reader: ShardReader | None = None
         self._index_offsets: npt.NDArray[np.int64] | Literal[False] | None = None
+        self._offsets_differ: bool | None = None
         self._header_blocks = np.empty(0, dtype=np.int64)
         self._reader_lock = threading.Lock()
         self.whole_lock = threading.Lock()
@@ -367,6 +368,15 @@ class PartialShard:
             found = offsets_from_index(self.info) if self._digests is not None else None
             self._index_offsets = False if found is None else found
         return None if self._index_offsets is False else self._index_offsets
+
+    def index_offsets_differ(self) -> bool:
+        """Whether the header (read now) disagrees with the index's offsets, so blocks
+        chosen from those before it came may miss bytes; decided once per shard."""
+        if self._offsets_differ is None:
+            guess = self.index_offsets()
+            same = guess is None or np.array_equal(guess, self.reader().offsets)
+            self._offsets_differ = not same
+        return self._offsets_differ
 
     def header_blocks(self) -> npt.NDArray[np.int64]:
         """Blocks of the header (pinned: never evicted while the shard is open)."""
