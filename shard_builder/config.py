@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from shardstream.errors import ConfigError
 from shardstream.hashing import SUPPORTED_HASHES
@@ -42,6 +42,15 @@ def _default_workers() -> int:
     return os.cpu_count() or 1
 
 
+class ShardFormat(TypedDict):
+    """The codec's keyword arguments that :class:`OutputOptions` decide."""
+
+    compression: str | None
+    hashes: tuple[str, ...]
+    size_limit: int
+    block_size: int
+
+
 @dataclass(frozen=True, kw_only=True)
 class OutputOptions:
     """Where the shards go and how they are written.
@@ -66,6 +75,15 @@ class OutputOptions:
     block_size: int = DEFAULT_BLOCK_SIZE
     """Bytes per block digest (ranged readers fetch and verify whole blocks): smaller blocks
     make a cold first batch cheaper and the index longer (16 hex digits per block)."""
+
+    def shard_format(self) -> ShardFormat:
+        """How each shard is written (``write_shard``, ``write_shard_arrays``)."""
+        return {
+            "compression": self.compression,
+            "hashes": self.hashes,
+            "size_limit": self.shard_size,
+            "block_size": self.block_size,
+        }
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hashes", _as_tuple(self.hashes))

@@ -151,10 +151,7 @@ class _GreedyShards:
             shard_key(position, self._config.spread_prefixes),
             self._columns,
             self._pending,
-            compression=self._config.compression,
-            hashes=self._config.hashes,
-            size_limit=self._config.shard_size,
-            block_size=self._config.block_size,
+            **self._config.shard_format(),
         )
         self.shards.append(info)
         state = shard_state(self.skipped, next_item, final=final)

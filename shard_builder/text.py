@@ -252,10 +252,7 @@ def _produce_locally(job: TextJob) -> TextTotals:
             shard_key(position, config.spread_prefixes),
             job.columns,
             {config.column: block},
-            compression=config.compression,
-            hashes=config.hashes,
-            size_limit=config.shard_size,
-            block_size=config.block_size,
+            **config.shard_format(),
         )
         shards.append(info)
         sink.stored(info, lambda: job.journal.record(position, info, info_resume))

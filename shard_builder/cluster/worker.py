@@ -179,10 +179,7 @@ class BuildWorker:
             shard_key(position, opts.spread_prefixes),
             columns,
             {column: np.ascontiguousarray(block).reshape(-1, seq_len)},
-            compression=opts.compression,
-            hashes=opts.hashes,
-            size_limit=opts.shard_size,
-            block_size=opts.block_size,
+            **opts.shard_format(),
         )
         self._out.store(info)
         self._account(started, shards=1, written=info.stored.bytes)
@@ -206,10 +203,7 @@ class BuildWorker:
             shard_key(position, opts.spread_prefixes),
             columns,
             samples,
-            compression=opts.compression,
-            hashes=opts.hashes,
-            size_limit=opts.shard_size,
-            block_size=opts.block_size,
+            **opts.shard_format(),
         )
         self._out.store(info)
         self._account(started, shards=1, written=info.stored.bytes)
