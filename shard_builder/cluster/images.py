@@ -10,8 +10,6 @@ shards in order, so a killed build resumes after its last stored shard.
 from __future__ import annotations
 
 import contextlib
-import logging
-import time
 from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
@@ -19,7 +17,7 @@ from typing import Any
 from shardstream.shard_builder.cluster.connect import RayOptions, ray_session
 from shardstream.shard_builder.cluster.dataset import image_source, is_url, url_inputs
 from shardstream.shard_builder.cluster.journaling import RecordWriter
-from shardstream.shard_builder.cluster.pool import WorkerPool, resuming, worker_pool
+from shardstream.shard_builder.cluster.pool import WorkerPool, build_on_pool
 from shardstream.shard_builder.cluster.worker import ImageCount
 from shardstream.shard_builder.config import ImageBuildConfig
 from shardstream.shard_builder.image_source import PARQUET_SUFFIXES
@@ -31,10 +29,9 @@ from shardstream.shard_builder.images import (
     shard_state,
 )
 from shardstream.shard_builder.packing import GreedyCut
-from shardstream.shard_builder.result import BuildResult, WorkerStats
+from shardstream.shard_builder.result import BuildResult
 
 _MB = 1 << 20
-log = logging.getLogger(__name__)
 
 
 def build_images_on_ray(
@@ -55,8 +52,6 @@ def build_images_on_ray(
     ``config.workers`` is ignored. The result's ``workers`` holds each actor's numbers.
     """
     options = ray or RayOptions()
-    stats: list[WorkerStats] = []
-    timings: dict[str, float] = {}  # workers_start_s: placing and starting the actors
 
     with ray_session(options) as ray_module:
         source = None
@@ -67,19 +62,17 @@ def build_images_on_ray(
             source, encoding = image_source(ray_module, dataset, config, lineage)
             config = replace(config, image_format=encoding)  # type: ignore[arg-type]
 
-        def produce(job: ImageJob) -> None:
-            started = time.perf_counter()
-            with worker_pool(ray_module, config, options) as pool:
-                timings["workers_start_s"] = time.perf_counter() - started
-                _Run(job, pool).run()
-                stats.extend(pool.stats())
+        return build_on_pool(
+            ray_module,
+            config,
+            options,
+            lambda produce: run_image_build(config, produce, source),
+            _drive,
+        )
 
-        def attempt() -> BuildResult:
-            stats.clear()
-            return run_image_build(config, produce, source)
 
-        result = resuming(attempt, options.retries)
-    return replace(result, workers=tuple(stats), timings={**result.timings, **timings})
+def _drive(job: ImageJob, pool: WorkerPool) -> None:
+    return _Run(job, pool).run()
 
 
 @dataclass

@@ -13,13 +13,14 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from shardstream.errors import ConfigError, ShardstreamError
 from shardstream.shard_builder.cluster.connect import RayOptions, worker_env
 from shardstream.shard_builder.cluster.worker import BuildWorker
 from shardstream.shard_builder.config import OutputOptions
-from shardstream.shard_builder.result import WorkerStats
+from shardstream.shard_builder.result import BuildResult, WorkerStats
 
 log = logging.getLogger(__name__)
 
@@ -31,23 +32,49 @@ class WorkerLostError(ShardstreamError):
     """A worker actor, its node or an object it held was lost: a re-run resumes."""
 
 
-R = TypeVar("R")
+J = TypeVar("J")
+T = TypeVar("T")
 
 
-def resuming(build: Callable[[], R], retries: int) -> R:
-    """``build()``, run again from its journal up to ``retries`` times while workers are
-    lost (the journal holds every shard stored so far: each attempt reuses them)."""
-    for attempt in range(retries + 1):
+def build_on_pool(
+    ray: Any,
+    config: OutputOptions,
+    options: RayOptions,
+    run_build: Callable[[Callable[[J], T]], BuildResult],
+    drive: Callable[[J, WorkerPool], T],
+) -> BuildResult:
+    """``run_build(produce)``: the local builder's planning, journal and index around
+    ``produce``, which makes the shards with ``drive`` on a pool of worker actors. While
+    workers are lost it runs again from the journal (which holds every shard stored so
+    far) up to ``options.retries`` times. The result carries each actor's numbers and the
+    pool's start-up time (``workers_start_s``)."""
+    stats: list[WorkerStats] = []
+    timings: dict[str, float] = {}
+
+    def produce(job: J) -> T:
+        started = time.perf_counter()
+        with worker_pool(ray, config, options) as pool:
+            timings["workers_start_s"] = time.perf_counter() - started
+            out = drive(job, pool)
+            stats.extend(pool.stats())
+            return out
+
+    for attempt in range(options.retries + 1):
+        stats.clear()
         try:
-            return build()
+            result = run_build(produce)
+            break
         except WorkerLostError as exc:
-            if attempt == retries:
+            if attempt == options.retries:
                 raise
             lost = str(exc).split("; the finished shards")[0]
             log.warning(
-                "%s; resuming from the journal (attempt %d of %d)", lost, attempt + 2, retries + 1
+                "%s; resuming from the journal (attempt %d of %d)",
+                lost,
+                attempt + 2,
+                options.retries + 1,
             )
-    raise AssertionError("unreachable")
+    return replace(result, workers=tuple(stats), timings={**result.timings, **timings})
 
 
 class WorkerPool:

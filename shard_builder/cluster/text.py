@@ -17,10 +17,8 @@ is shared: fingerprint, journal, resume, index). Then:
 from __future__ import annotations
 
 import contextlib
-import logging
-import time
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from shardstream.shard_builder.cluster.connect import RayOptions, ray_session
@@ -31,11 +29,11 @@ from shardstream.shard_builder.cluster.dataset import (
     text_url_source,
 )
 from shardstream.shard_builder.cluster.journaling import RecordWriter
-from shardstream.shard_builder.cluster.pool import WorkerPool, resuming, worker_pool
+from shardstream.shard_builder.cluster.pool import WorkerPool, build_on_pool
 from shardstream.shard_builder.cluster.worker import BlockTask, TokenCount
 from shardstream.shard_builder.config import TextBuildConfig
 from shardstream.shard_builder.packing import ShardCut, StreamCutter
-from shardstream.shard_builder.result import BuildResult, WorkerStats
+from shardstream.shard_builder.result import BuildResult
 from shardstream.shard_builder.text import (
     ChunkTask,
     TextJob,
@@ -46,7 +44,6 @@ from shardstream.shard_builder.text import (
 )
 
 _MB = 1 << 20
-log = logging.getLogger(__name__)
 
 
 def build_text_on_ray(
@@ -73,8 +70,6 @@ def build_text_on_ray(
         )
     """
     options = ray or RayOptions()
-    stats: list[WorkerStats] = []
-    timings: dict[str, float] = {}  # workers_start_s: placing and starting the actors
     with ray_session(options) as ray_module:
         source = None
         if dataset is not None:
@@ -82,20 +77,17 @@ def build_text_on_ray(
         elif any(is_url(name) for name in config.inputs):
             source = text_url_source(ray_module, config)
 
-        def produce(job: TextJob) -> TextTotals:
-            started = time.perf_counter()
-            with worker_pool(ray_module, config, options) as pool:
-                timings["workers_start_s"] = time.perf_counter() - started
-                totals = _Run(job, pool).run()
-                stats.extend(pool.stats())
-                return totals
+        return build_on_pool(
+            ray_module,
+            config,
+            options,
+            lambda produce: run_text_build(config, produce, source),
+            _drive,
+        )
 
-        def attempt() -> BuildResult:
-            stats.clear()
-            return run_text_build(config, produce, source)
 
-        result = resuming(attempt, options.retries)
-    return replace(result, workers=tuple(stats), timings={**result.timings, **timings})
+def _drive(job: TextJob, pool: WorkerPool) -> TextTotals:
+    return _Run(job, pool).run()
 
 
 @dataclass
