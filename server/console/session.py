@@ -31,7 +31,8 @@ FORM_LIMIT = 64 << 10
 
 def secret_of(request: Request) -> str | None:
     """The console session's token secret (``None`` outside the console or signed out)."""
-    if not request.url.path.startswith(PREFIX):
+    path = request.url.path
+    if path != PREFIX and not path.startswith(PREFIX + "/"):
         return None
     return request.cookies.get(COOKIE) or None
 
