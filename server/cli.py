@@ -155,16 +155,14 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _migrate(args: argparse.Namespace) -> int:
     from shardstream.server.db import DatabaseLimits, make_engine, wait_for_database
-    from shardstream.server.migrate import current_revision, upgrade
+    from shardstream.server.migrate import upgrade
 
     settings = _settings_from(args)
     engine = make_engine(
         settings.resolved_database_url, limits=DatabaseLimits.from_settings(settings)
     )
     wait_for_database(engine, settings.db_start_timeout_s)
-    before = current_revision(engine)
-    upgrade(engine)
-    after = current_revision(engine)
+    before, after = upgrade(engine)
     url = engine.url.render_as_string(hide_password=True)
     print(f"database {url}: {before or 'empty'} -> {after}")
     engine.dispose()

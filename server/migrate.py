@@ -65,8 +65,9 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
-def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Migrate the database behind ``engine`` to ``revision``."""
+def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str | None]:
+    """Migrate the database behind ``engine`` to ``revision``; returns the revisions
+    before and after (read under the migration lock; ``None``: never migrated)."""
     cfg = alembic_config()
     with engine.begin() as conn:
         if conn.dialect.name == "postgresql":
@@ -84,3 +85,4 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
         log.info("database schema at revision %s", after)
     else:
         log.info("database schema migrated from revision %s to %s", before or "none", after)
+    return before, after
