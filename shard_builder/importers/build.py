@@ -1,7 +1,8 @@
 """``build_import``: samples from a format module -> MDS shards, with the builder's guarantees.
 
 Worker processes read input units (files, or parts of big files: see
-:mod:`.source`) in parallel and encode their samples into one buffer per unit; results come
+:mod:`.source`) in parallel and encode their samples into one buffer per unit, a batch of
+records at a time (:mod:`.unit`, :mod:`.columnar`); results come
 back in unit order, and shard boundaries are cut from the samples' sizes alone, so they never
 depend on scheduling or on the worker count. Each shard is then written from a few large
 slices of those buffers (one hash update and one write per slice, not per sample). The
@@ -15,7 +16,6 @@ import resumes after its last finished shard, from the part that holds that reco
 
 from __future__ import annotations
 
-import operator
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
@@ -24,17 +24,12 @@ from typing import Any
 import numpy as np
 
 from shardstream.errors import ConfigError, InputError
-from shardstream.mds import ShardInfo, make_parts_encoder, shard_config, write_samples
+from shardstream.mds import ShardInfo, shard_config, write_samples
 from shardstream.shard_builder.config import OutputOptions, _as_tuple, content_options
 from shardstream.shard_builder.importers.formats import FORMATS, get_format
 from shardstream.shard_builder.importers.source import PART_BYTES, SourceUnit
-from shardstream.shard_builder.importers.spool import (
-    SPOOL_DIR,
-    clear_spool,
-    map_spool,
-    spool_folder,
-    write_spool,
-)
+from shardstream.shard_builder.importers.spool import SPOOL_DIR, clear_spool, spool_folder
+from shardstream.shard_builder.importers.unit import EncodedUnit, UnitTask, encode_unit, schema_of
 from shardstream.shard_builder.journal import BuildJournal, fingerprint, shard_key
 from shardstream.shard_builder.progress import BuildProgress
 from shardstream.shard_builder.result import (
@@ -102,80 +97,10 @@ class ImportConfig(OutputOptions):
             raise ConfigError(f"part_bytes must be at least 1, got {self.part_bytes}")
 
 
-@dataclass(frozen=True)
-class _Task:
-    format: str
-    unit: SourceUnit
-    skip: int
-    columns: tuple[tuple[str, str], ...]
-    spool: str = ""  # a worker process's spool folder ("": in this process, keep in memory)
-
-
-@dataclass(frozen=True)
-class _Done:
-    """One unit's encoded samples, back to back (``sizes[i]`` bytes each): in ``data``, or
-    in the spool file ``spool`` when a worker process encoded them."""
-
-    numbers: np.ndarray[Any, Any]  # record number within the unit of each sample (int64)
-    sizes: np.ndarray[Any, Any]  # encoded bytes of each sample (int64)
-    data: bytes
-    spool: str
-    bad: list[tuple[int, BadInput]]  # (record number, what and why)
-
-    def payload(self) -> memoryview:
-        return map_spool(self.spool) if self.spool else memoryview(self.data)
-
-
-_ENCODING = operator.itemgetter(0)
-
-
-def _schema_of(sample: dict[str, tuple[str, Any]]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((name, enc) for name, (enc, _) in sample.items()))
-
-
-def _schema_text(schema: tuple[tuple[str, str], ...]) -> str:
-    return ", ".join(f"{n}:{e}" for n, e in schema)
-
-
-def _read_unit(task: _Task) -> _Done:
-    """Worker: read one unit, check every sample against the schema, encode it."""
-    encode = make_parts_encoder(dict(task.columns))
-    layouts: set[tuple[str, ...]] = set()  # (names..., encodings...) already checked
-    numbers: list[int] = []
-    sizes: list[int] = []
-    parts: list[bytes] = []
-    bad: list[tuple[int, BadInput]] = []
-    for number, (where, sample) in enumerate(get_format(task.format).read(task.unit)):
-        if number < task.skip:
-            continue
-        # A format yields its columns in the same order sample after sample: checking
-        # that order against the known good ones takes one tuple, not a sort per sample.
-        layout = (*sample, *map(_ENCODING, sample.values()))
-        if layout not in layouts:
-            schema = _schema_of(sample)
-            if schema != task.columns:
-                reason = f"columns {_schema_text(schema)}; expected {_schema_text(task.columns)}"
-                bad.append((number, BadInput(where, reason)))
-                continue
-            layouts.add(layout)
-        try:
-            pieces, size = encode({name: column[1] for name, column in sample.items()})
-        except InputError as exc:
-            bad.append((number, BadInput(where, str(exc))))
-            continue
-        numbers.append(number)
-        sizes.append(size)
-        parts.extend(pieces)
-    numbered, sized = np.array(numbers, np.int64), np.array(sizes, np.int64)
-    if task.spool:
-        return _Done(numbered, sized, b"", write_spool(task.spool, parts), bad)
-    return _Done(numbered, sized, b"".join(parts), "", bad)
-
-
 def _infer_columns(fmt: str, units: list[SourceUnit]) -> tuple[tuple[str, str], ...]:
     for unit in units:
         for _, sample in get_format(fmt).read(unit):
-            return _schema_of(sample)
+            return schema_of(sample)
     raise InputError(f"no samples in {', '.join(u.path for u in units[:3])}")
 
 
@@ -211,7 +136,7 @@ class _Packer:
         self._count = 0
         self._bytes = _SHARD_OVERHEAD
 
-    def add_unit(self, file: int, unit: SourceUnit, done: _Done) -> None:
+    def add_unit(self, file: int, unit: SourceUnit, done: EncodedUnit) -> None:
         """Add the samples of ``unit`` (a part of file number ``file``) in order, closing
         shards as they fill."""
         limit, n = self._config.shard_size, len(done.sizes)
@@ -255,6 +180,7 @@ class _Packer:
             np.concatenate(self._sizes),
             self._parts,
             block_size=cfg.block_size,
+            piece_size=cfg.piece_size,
         )
         self.shards.append(info)
         before = [b for number, b in unit_bad if number < next_position[1]]
@@ -319,11 +245,11 @@ def build_import(config: ImportConfig) -> BuildResult:
                 bar.skip(sum(u.nbytes for _, u in units[:start_unit]))
                 spool = str(spool_folder(sink.staging)) if config.workers > 1 else ""
                 tasks = [
-                    _Task(config.format, u, skip if i == start_unit else 0, columns, spool)
+                    UnitTask(config.format, u, skip if i == start_unit else 0, columns, spool)
                     for i, (_, u) in enumerate(units)
                     if i >= start_unit
                 ]
-                results = ordered_map(_read_unit, tasks, workers=config.workers)
+                results = ordered_map(encode_unit, tasks, workers=config.workers)
                 for (file, unit), done in zip(units[start_unit:], results, strict=True):
                     if done.bad and not config.skip_bad:
                         raise _bad_error([b for _, b in done.bad])

@@ -20,20 +20,23 @@ cut), read by several workers at once; each reads its items by index, as LitData
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from shardstream.errors import InputError
-from shardstream.shard_builder.importers.source import ImportFormat, Record, SourceUnit
-from shardstream.shard_builder.importers.values import column_of, columns_of
+from shardstream.shard_builder.importers.columnar import BATCH_RECORDS
+from shardstream.shard_builder.importers.source import Batch, ImportFormat, Record, SourceUnit
+from shardstream.shard_builder.importers.values import PLAIN_TYPES, column_of, columns_of
 
 _COPIES: dict[str, str] = {}  # s3:// prefix -> local copy (one per process)
 
@@ -108,36 +111,109 @@ def _local(source: str) -> str:
     return _COPIES[source]
 
 
-def read(unit: SourceUnit) -> Iterator[Record]:
+def _open(unit: SourceUnit) -> tuple[Any, int]:
+    """LitData's ``StreamingDataset`` over the unit's folder (items in order), and the
+    token block size (0: general items)."""
     from litdata import StreamingDataset, TokensLoader
 
     logging.getLogger("litdata").setLevel(logging.WARNING)  # not one INFO line per open
 
     folder = _local(unit.path)
     meta = json.loads((Path(folder) / "index.json").read_text())
-    tokens = meta["config"].get("item_loader") == "TokensLoader"
+    seq_len = int(unit.option) if meta["config"].get("item_loader") == "TokensLoader" else 0
     try:
-        if tokens:
-            seq_len = int(unit.option)
-            ds = StreamingDataset(folder, item_loader=TokensLoader(block_size=seq_len))
-        else:
-            ds = StreamingDataset(folder, shuffle=False)
+        if seq_len:
+            return StreamingDataset(folder, item_loader=TokensLoader(block_size=seq_len)), seq_len
+        return StreamingDataset(folder, shuffle=False), 0
     except Exception as exc:  # LitData raises its own and plain errors alike
         raise InputError(f"{unit.path}: LitData cannot open the dataset ({exc})") from exc
+
+
+def _items(unit: SourceUnit) -> Iterator[tuple[int, list[Any], int]]:
+    """``(first item number, items, seq_len)``: the unit's items in lists of
+    ``BATCH_RECORDS``, read with LitData in order."""
+    ds, seq_len = _open(unit)
     first, end = unit.span or (0, len(ds))
-    for i in range(first, end):
-        where = f"{unit.path} item {i}"
-        try:
-            item = ds[i]
-        except Exception as exc:
-            raise InputError(f"{where}: LitData cannot read it ({exc})") from exc
-        if tokens:
-            arr = _array(item)
-            yield where, {"tokens": (f"ndarray:{arr.dtype.name}:{seq_len}", arr)}
-        elif isinstance(item, dict):
-            yield where, columns_of(item, where)
+    for start in range(first, end, BATCH_RECORDS):
+        items = []
+        for i in range(start, min(end, start + BATCH_RECORDS)):
+            try:
+                items.append(ds[i])
+            except Exception as exc:
+                raise InputError(f"{unit.path} item {i}: LitData cannot read it ({exc})") from exc
+        yield start, items, seq_len
+
+
+def _record(where: str, item: Any, seq_len: int) -> Record:
+    if seq_len:
+        arr = _array(item)
+        return where, {"tokens": (f"ndarray:{arr.dtype.name}:{seq_len}", arr)}
+    if isinstance(item, dict):
+        return where, columns_of(item, where)
+    return where, {"value": column_of(item, where)}
+
+
+def read(unit: SourceUnit) -> Iterator[Record]:
+    for start, items, seq_len in _items(unit):
+        for i, item in enumerate(items, start):
+            yield _record(f"{unit.path} item {i}", item, seq_len)
+
+
+def read_batches(unit: SourceUnit) -> Iterator[Batch]:
+    """The records of :func:`read`, a batch per ``BATCH_RECORDS`` items: columnar when the
+    items are dicts with the same keys whose values have one plain type per key (or token
+    blocks of one dtype), else as rows."""
+    for start, items, seq_len in _items(unit):
+        where = functools.partial(_nth_where, unit.path, start)
+        columns = _token_columns(items, seq_len) if seq_len else _item_columns(items)
+        if columns is not None:
+            yield Batch(len(items), where, columns)
         else:
-            yield where, {"value": column_of(item, where)}
+            rows = [_record(where(i), item, seq_len) for i, item in enumerate(items)]
+            yield Batch(len(items), where, rows=rows)
+
+
+def _nth_where(path: str, start: int, i: int) -> str:
+    return f"{path} item {start + i}"
+
+
+def _plain(values: list[Any]) -> str | None:
+    """The column encoding of ``values`` when all have one plain type."""
+    types = set(map(type, values))
+    if len(types) != 1:
+        return None
+    kind = types.pop()
+    return "ndarray" if kind is np.ndarray else PLAIN_TYPES.get(kind)
+
+
+def _item_columns(items: list[Any]) -> dict[str, tuple[str, Sequence[Any]]] | None:
+    """``items`` as columns, or ``None`` when a value needs :func:`column_of`'s conversion
+    (or its error, which :func:`read` raises for the first such item in order)."""
+    if set(map(type, items)) != {dict}:
+        encoding = _plain(items)
+        return None if encoding is None else {"value": (encoding, items)}
+    layouts = set(map(tuple, items))
+    if len(layouts) != 1:
+        return None
+    keys = layouts.pop()
+    if len({str(key) for key in keys}) != len(keys):
+        return None  # keys that are one column name (1 and "1"): as read does it
+    columns: dict[str, tuple[str, Sequence[Any]]] = {}
+    for key in keys:
+        values = list(map(itemgetter(key), items))
+        encoding = _plain(values)
+        if encoding is None:
+            return None
+        columns[str(key)] = (encoding, values)
+    return columns
+
+
+def _token_columns(items: list[Any], seq_len: int) -> dict[str, tuple[str, Sequence[Any]]] | None:
+    arrays = list(map(_array, items))
+    dtypes = {a.dtype for a in arrays}
+    if len(dtypes) != 1 or {a.shape for a in arrays} != {(seq_len,)}:
+        return None
+    return {"tokens": (f"ndarray:{dtypes.pop().name}:{seq_len}", np.stack(arrays))}
 
 
 def _array(value: Any) -> np.ndarray[Any, Any]:
@@ -146,4 +222,4 @@ def _array(value: Any) -> np.ndarray[Any, Any]:
     return np.asarray(value)
 
 
-FORMAT = ImportFormat("litdata", plan, read, split=split)
+FORMAT = ImportFormat("litdata", plan, read, split=split, read_batches=read_batches)

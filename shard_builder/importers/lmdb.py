@@ -13,6 +13,7 @@ of the keys alone), read by several workers at once.
 
 from __future__ import annotations
 
+import functools
 import io
 import itertools
 import json
@@ -20,12 +21,20 @@ import os
 import pickle
 from collections.abc import Iterator
 from dataclasses import replace
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
 
 from shardstream.errors import InputError
-from shardstream.shard_builder.importers.source import Column, ImportFormat, Record, SourceUnit
+from shardstream.shard_builder.importers.columnar import BATCH_RECORDS
+from shardstream.shard_builder.importers.source import (
+    Batch,
+    Column,
+    ImportFormat,
+    Record,
+    SourceUnit,
+)
 from shardstream.shard_builder.importers.values import column_of
 
 VALUE_FORMATS = ("raw", "json", "npy", "pickle")
@@ -61,17 +70,18 @@ def split(unit: SourceUnit, part_bytes: int) -> list[SourceUnit]:
 
     env = _open(unit.path)
     try:
-        entries = int(env.stat()["entries"])
-        per_part = max(1, part_bytes * entries // max(unit.nbytes, 1))
+        stat = env.stat()
+        entries = int(stat["entries"])
+        # The pages in use, not the file's size: an LMDB file keeps its free pages.
+        used = stat["psize"] * (stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"])
+        per_part = max(1, part_bytes * entries // max(min(used, unit.nbytes), 1))
         if entries <= per_part:
             return [unit]
         with env.begin() as txn:
-            # Keys only: a scan of the B-tree's leaf pages, never of the values.
-            firsts = [
-                bytes(key)
-                for i, key in enumerate(txn.cursor().iternext(keys=True, values=False))
-                if i % per_part == 0
-            ]
+            # Keys only: a scan of the B-tree's leaf pages, never of the values; every
+            # per_part-th key is picked in C.
+            keys = txn.cursor().iternext(keys=True, values=False)
+            firsts = list(itertools.islice(keys, 0, None, per_part))
     except lmdb.Error as exc:
         raise InputError(f"{unit.path}: damaged LMDB database ({exc})") from exc
     finally:
@@ -104,11 +114,11 @@ def _value(fmt: str, data: bytes, where: str) -> Column:
     return "bytes", data
 
 
-def read(unit: SourceUnit) -> Iterator[Record]:
+def _entries(unit: SourceUnit) -> Iterator[list[tuple[bytes, bytes]]]:
+    """The unit's ``(key, value)`` entries in key order, in lists of ``BATCH_RECORDS``."""
     import lmdb
 
     env = _open(unit.path)
-    fmt = unit.option
     try:
         with env.begin(buffers=False) as txn:
             cursor = txn.cursor()
@@ -117,14 +127,54 @@ def read(unit: SourceUnit) -> Iterator[Record]:
                 entries = itertools.islice(cursor if cursor.set_range(first) else (), count)
             else:
                 entries = iter(cursor)
-            for key, value in entries:
-                where = f"{unit.path} key {key!r}"
-                column = ("bytes", value) if fmt == "raw" else _value(fmt, value, where)
-                yield where, {"key": ("bytes", key), "value": column}
+            while chunk := list(itertools.islice(entries, BATCH_RECORDS)):
+                yield chunk
     except lmdb.Error as exc:
         raise InputError(f"{unit.path}: damaged LMDB database ({exc})") from exc
     finally:
         env.close()
 
 
-FORMAT = ImportFormat("lmdb", plan, read, split=split)
+def _where(path: str, key: bytes) -> str:
+    return f"{path} key {key!r}"
+
+
+def read(unit: SourceUnit) -> Iterator[Record]:
+    fmt = unit.option
+    for chunk in _entries(unit):
+        for key, value in chunk:
+            where = _where(unit.path, key)
+            column = ("bytes", value) if fmt == "raw" else _value(fmt, value, where)
+            yield where, {"key": ("bytes", key), "value": column}
+
+
+def read_batches(unit: SourceUnit) -> Iterator[Batch]:
+    """The records of :func:`read`, a batch per ``BATCH_RECORDS`` entries: raw values as
+    they are (no per-entry Python at all), parsed values as a column where they share an
+    encoding."""
+    fmt, path = unit.option, unit.path
+    for chunk in _entries(unit):
+        keys = list(map(itemgetter(0), chunk))
+        values = list(map(itemgetter(1), chunk))
+        where = functools.partial(_nth_where, path, keys)
+        if fmt == "raw":
+            yield Batch(len(chunk), where, {"key": ("bytes", keys), "value": ("bytes", values)})
+            continue
+        cells = [_value(fmt, value, where(i)) for i, value in enumerate(values)]
+        encodings = set(map(itemgetter(0), cells))
+        if len(encodings) == 1:
+            columns = {"key": ("bytes", keys), "value": (encodings.pop(), [v for _, v in cells])}
+            yield Batch(len(chunk), where, columns)
+        else:
+            rows = [
+                (where(i), {"key": ("bytes", k), "value": c})
+                for i, (k, c) in enumerate(zip(keys, cells, strict=True))
+            ]
+            yield Batch(len(chunk), where, rows=rows)
+
+
+def _nth_where(path: str, keys: list[bytes], i: int) -> str:
+    return _where(path, keys[i])
+
+
+FORMAT = ImportFormat("lmdb", plan, read, split=split, read_batches=read_batches)

@@ -12,11 +12,16 @@ one big file at once. A split depends on the file's content and ``part_bytes`` o
 on the number of workers), and the parts, read one after the other, give exactly the
 file's records in order; so the shards stay the same bytes however the work is divided.
 Positions (where a resumed import starts) count records in a file, never parts.
+
+A format may also read a unit in *batches* (:class:`Batch`): consecutive records column
+by column, so the build encodes them with a few numpy calls per column instead of Python
+work per record (:mod:`.columnar`). A batch holds exactly the records ``read`` would yield,
+in the same order; formats without a batch reader have their records grouped by the build.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +51,42 @@ class SourceUnit:
 
 
 @dataclass(frozen=True)
+class Batch:
+    """``count`` consecutive records of a unit, column by column where they share a layout.
+
+    ``columns`` maps each column, in the order the format yields them, to ``(MDS encoding,
+    values)`` with one value per record (a list, or an array stacked on axis 0); it is
+    ``None`` when the records' layouts differ, and ``rows`` then holds them as records.
+    ``where(i)`` names record ``i`` for an error message: built only when one is needed,
+    since formatting it for every record costs as much as encoding the record.
+    """
+
+    count: int
+    where: Callable[[int], str]
+    columns: Mapping[str, tuple[str, Sequence[Any]]] | None = None
+    rows: Sequence[Record] = ()
+
+    def records(self) -> Iterator[Record]:
+        """The batch as the records ``read`` yields."""
+        if self.columns is None:
+            yield from self.rows
+            return
+        columns = self.columns
+        for i in range(self.count):
+            yield self.where(i), {name: (enc, values[i]) for name, (enc, values) in columns.items()}
+
+    def tail(self, start: int) -> Batch:
+        """The batch without its first ``start`` records."""
+        where, columns = self.where, self.columns
+        return Batch(
+            self.count - start,
+            lambda i: where(start + i),
+            None if columns is None else {n: (e, v[start:]) for n, (e, v) in columns.items()},
+            self.rows[start:],
+        )
+
+
+@dataclass(frozen=True)
 class ImportFormat:
     """A format: how to plan its units and read one of them."""
 
@@ -56,3 +97,5 @@ class ImportFormat:
     describe: Callable[[list[SourceUnit]], dict[str, Any]] | None = None
     # (unit, part_bytes) -> the unit's parts in order, each of about part_bytes of input.
     split: Callable[[SourceUnit, int], list[SourceUnit]] | None = None
+    # The unit's records in batches (the same records as ``read``, in order).
+    read_batches: Callable[[SourceUnit], Iterator[Batch]] | None = None

@@ -13,14 +13,14 @@ from shardstream.shard_builder.importers.source import Column
 
 # The exact types most values have: one dict lookup instead of a chain of isinstance calls
 # (this runs once per column of every record).
-_PLAIN: dict[type, str] = {int: "int", float: "float64", str: "str", bytes: "bytes"}
+PLAIN_TYPES: dict[type, str] = {int: "int", float: "float64", str: "str", bytes: "bytes"}
 
 
 def column_of(value: Any, where: str, what: str = "value") -> Column:
     """The MDS encoding and value of ``value``: ``int``, ``float64``, ``str``, ``bytes``,
     ``ndarray`` (numpy arrays, torch tensors) or ``json`` (lists, dicts, ``None``); any
     other type is one :class:`InputError` naming ``where`` (``what`` says what it is)."""
-    plain = _PLAIN.get(type(value))
+    plain = PLAIN_TYPES.get(type(value))
     if plain is not None:
         return plain, value
     if isinstance(value, bool | int | np.integer):
@@ -51,6 +51,6 @@ def columns_of(item: dict[Any, Any], where: str) -> dict[str, Column]:
     """One column per key of ``item`` (see :func:`column_of`); an error names the key."""
     out: dict[str, Column] = {}
     for key, value in item.items():
-        plain = _PLAIN.get(type(value))
+        plain = PLAIN_TYPES.get(type(value))
         out[str(key)] = (plain, value) if plain else column_of(value, f"{where} key {key!r}")
     return out
