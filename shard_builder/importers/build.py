@@ -180,7 +180,6 @@ class _Packer:
             np.concatenate(self._sizes),
             self._parts,
             block_size=cfg.block_size,
-            piece_size=cfg.piece_size,
         )
         self.shards.append(info)
         before = [b for number, b in unit_bad if number < next_position[1]]
