@@ -7,7 +7,7 @@ encoded bytes (``jpeg``/``png`` where the MDS encoding exists), ``cls``/``label`
 local files or folders, ``s3://`` objects or prefixes, and ``http(s)://`` URLs, with brace
 ranges (``s3://bucket/wds/shard-{000000..000099}.tar``). A remote shard is downloaded by
 the worker that reads it (size-checked, retried as every store read) into a temporary
-file, read, and deleted.
+file, read, and deleted. Tars are read from their headers directly (:mod:`.tar`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import tarfile
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ import numpy as np
 
 from shardstream.errors import InputError
 from shardstream.shard_builder.importers.source import Column, ImportFormat, Record, SourceUnit
+from shardstream.shard_builder.importers.tar import tar_members
 from shardstream.shard_builder.inputs import resolve_inputs
 
 _BRACE = re.compile(r"\{(\d+)\.\.(\d+)\}")
@@ -123,28 +123,19 @@ def _read_tar(path: str, label: str) -> Iterator[Record]:
     """The samples of the tar at ``path`` (``label`` is what errors call it)."""
     key: str | None = None
     sample: dict[str, Column] = {}
-    try:
-        with tarfile.open(path, mode="r|") as tar:
-            for member in tar:
-                if not member.isfile():
-                    continue
-                match = _KEY.match(member.name)
-                if match is None:
-                    continue
-                name, ext = match.group(1), match.group(2)
-                if key is not None and name != key:
-                    yield f"{label} key {key}", sample
-                    sample = {}
-                key = name
-                where = f"{label} key {key}"
-                if ext in sample:
-                    raise InputError(f"{where}: member .{ext} appears twice in one sample")
-                handle = tar.extractfile(member)
-                assert handle is not None
-                sample[ext] = decode_member(ext, handle.read(), where)
-    except (tarfile.TarError, EOFError, OSError) as exc:
-        after = f" after key {key}" if key else ""
-        raise InputError(f"{label}: damaged or truncated tar{after} ({exc})") from exc
+    for member, data in tar_members(path, label):
+        match = _KEY.match(member)
+        if match is None:
+            continue
+        name, ext = match.group(1), match.group(2)
+        if key is not None and name != key:
+            yield f"{label} key {key}", sample
+            sample = {}
+        key = name
+        where = f"{label} key {key}"
+        if ext in sample:
+            raise InputError(f"{where}: member .{ext} appears twice in one sample")
+        sample[ext] = decode_member(ext, data, where)
     if key is not None:
         yield f"{label} key {key}", sample
 
