@@ -30,6 +30,10 @@ SHARDSTREAM_MODES: dict[str, dict[str, Any]] = {
     "whole-shard": {"ranged_reads": False},
     # No disk: blocks read by range into a bounded memory budget.
     "cacheless": {"memory_only": True},
+    # The same, with a process's first batches waiting for whole blocks instead of reading
+    # their samples' 64 KiB pieces first (the behaviour before piece reads).
+    "cache-blocks": {"piece_read_batches": 0},
+    "cacheless-blocks": {"memory_only": True, "piece_read_batches": 0},
 }
 
 

@@ -1,5 +1,8 @@
 """Time to the first batch, cold, through the cloud emulator: whole shards vs block ranges.
 
+Ranged modes read a cold process's first batches by 64 KiB piece (the digests in the shard
+headers, ``--piece-kib``); the ``, blocks`` modes turn that off and wait for whole blocks.
+
 One process (``--workers N``: a ShardstreamLoader with N workers), batch 32 of 2,048 x
 uint16 tokens, a shuffled epoch, empty caches; the emulator models S3 (20 ms to first
 byte, 90 MB/s per connection).
@@ -32,17 +35,22 @@ BUCKET = "bench-first-batch"
 MODES = {
     "whole-shard": {"ranged_reads": False},
     "ranged cache": {},
+    "cache, blocks": {"piece_read_batches": 0},
     "cacheless": {"memory_only": True},
+    "cacheless, blocks": {"memory_only": True, "piece_read_batches": 0},
 }
+"""``, blocks``: the first batches wait for whole digest blocks (no piece reads)."""
 
 
-def _dataset(out: Path, shard_mb: int, shards: int, block: int) -> None:
+def _dataset(out: Path, shard_mb: int, shards: int, block: int, piece: int | None) -> None:
     from shardstream.mds import MDSWriter
 
     per = shard_mb * (1 << 20) // (2 * TOKENS + 64)
     rows = np.random.default_rng(0).integers(0, 50_000, (per, TOKENS), dtype=np.uint16)
     columns = {"tokens": f"ndarray:uint16:{TOKENS}"}
-    with MDSWriter(out, columns, size_limit=shard_mb << 20, block_size=block) as writer:
+    with MDSWriter(
+        out, columns, size_limit=shard_mb << 20, block_size=block, piece_size=piece
+    ) as writer:
         for i in range(per * shards):
             writer.write({"tokens": rows[i % per]})
 
@@ -52,6 +60,8 @@ def main() -> None:
     parser.add_argument("--shard-mb", type=int, default=64)
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--block-kib", type=int, default=4096)
+    parser.add_argument("--piece-kib", type=int, default=64, help="0: shards without pieces")
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated")
     parser.add_argument("--workers", type=int, default=0, help="ShardstreamLoader workers")
     args = parser.parse_args()
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
@@ -67,14 +77,16 @@ def main() -> None:
     boto3.client("s3").create_bucket(Bucket=BUCKET)
     work = Path(tempfile.mkdtemp(prefix="first-batch-"))
     try:
-        _dataset(work / "ds", args.shard_mb, args.shards, args.block_kib << 10)
+        piece = (args.piece_kib << 10) or None
+        _dataset(work / "ds", args.shard_mb, args.shards, args.block_kib << 10, piece)
         store = open_store(f"s3://{BUCKET}/ds")
         for path in sorted((work / "ds").iterdir()):
             store.upload(path, path.name)
         with CloudEmulator(upstream) as emu:
             os.environ["AWS_ENDPOINT_URL"] = emu.endpoint_url
             emu.warm(BUCKET)
-            for mode, extra in MODES.items():
+            for mode in args.modes.split(","):
+                extra = MODES[mode]
                 emu.reset()
                 cache = Path(tempfile.mkdtemp(dir=work))
                 began = time.perf_counter()
@@ -95,7 +107,7 @@ def main() -> None:
                 stats = emu.stats()
                 print(
                     f"{args.shard_mb} MB x {args.shards}, blocks {args.block_kib} KiB, "
-                    f"{args.workers} workers, {mode:13s} open {opened - began:.2f} s, "
+                    f"{args.workers} workers, {mode:17s} open {opened - began:.2f} s, "
                     f"first batch {first - opened:.3f} s, "
                     f"20 more {more - first:.2f} s, {stats['body_bytes'] / 1e6:.0f} MB in "
                     f"{stats['gets']} GETs, peak {stats['peak_in_flight']} in flight",

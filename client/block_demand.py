@@ -61,6 +61,8 @@ class BlockDemand:
         _complete: dict[int, ShardReader]
         _started: dict[int, threading.Event]
         _open: OrderedDict[int, tuple[ShardReader, contextlib.ExitStack]]
+        _piece_batches_left: int
+        _piece_chunks: set[int]
         ranged: Callable[[int], bool]
         _fetch_args: Callable[[int], tuple[str, int, ResolvedSource, int]]
         _partial: Callable[[int], PartialShard]
@@ -111,14 +113,17 @@ class BlockDemand:
         batches, numbered ``batches``: their blocks stay in memory until then); returns at
         once."""
         tick = self._use_time(batches, ahead=True)
+        by_piece = self._by_piece(batches, first_call=True)
         groups = _by_shard(shards, local)
         places = [
             self._reading(shard) if self._cache is None else self._filling.get(shard)
             for shard, _ in groups
         ]
-        for (shard, _), place in zip(groups, places, strict=True):
+        for (shard, idx), place in zip(groups, places, strict=True):
             if isinstance(place, PartialShard) and self.ranged(shard):
                 place.request_header()  # every header in flight at once, not one after another
+                if by_piece:
+                    place.request_pieces(idx)  # before any block of the chunk
         for (shard, idx), where in zip(groups, places, strict=True):
             if isinstance(where, PartialShard) and where.complete() is False:
                 if self._cache is None and not self.ranged(shard):
@@ -144,11 +149,15 @@ class BlockDemand:
         read whole are absent: use :meth:`reader`)."""
         readers: dict[int, ShardReader] = {}
         tick = self._use_time(batches, ahead=False)
+        by_piece = self._by_piece(batches, first_call=False)
         groups = _by_shard(shards, local)
         places = [self._reading(shard) for shard, _ in groups]
-        for (shard, _), place in zip(groups, places, strict=True):
+        pieces: set[int] = set()  # shards whose samples this chunk reads by piece
+        for (shard, idx), place in zip(groups, places, strict=True):
             if isinstance(place, PartialShard) and self.ranged(shard):
                 place.request_header()  # every header in flight at once, not one after another
+                if by_piece and place.request_pieces(idx):
+                    pieces.add(shard)
         waiting: list[tuple[int, PartialShard, np.ndarray[Any, Any], np.ndarray[Any, Any]]] = []
         for (shard, idx), where in zip(groups, places, strict=True):
             if isinstance(where, ShardReader):
@@ -165,6 +174,10 @@ class BlockDemand:
                 where.request(blocks)  # every shard's blocks in flight before waiting on any
                 waiting.append((shard, where, blocks, idx))
         for shard, where, blocks, idx in waiting:
+            if shard in pieces:
+                where.wait_samples(idx)
+                readers[shard] = where.reader()
+                continue  # the header's own offsets chose the pieces
             where.wait(blocks)
             readers[shard] = where.reader()
             if where.index_offsets_differ():
@@ -175,6 +188,25 @@ class BlockDemand:
                     where.request(extra)
                     where.wait(extra)
         return readers
+
+    def _by_piece(self, batches: Sequence[int] | None, *, first_call: bool) -> bool:
+        """Whether the chunk of ``batches`` is among the process's first
+        ``piece_read_batches`` batches, which read their samples by piece. ``want`` sees a
+        chunk first and counts it; ``need`` then finds it marked."""
+        if not batches:
+            return False
+        chunk = int(min(batches))
+        if chunk in self._piece_chunks:
+            if not first_call:
+                self._piece_chunks.discard(chunk)
+            return True
+        if self._piece_batches_left < len(batches):
+            self._piece_batches_left = 0  # later chunks are larger still
+            return False
+        self._piece_batches_left -= len(batches)
+        if first_call:
+            self._piece_chunks.add(chunk)
+        return True
 
     def plan_memory(self, need: int, last: dict[int, int]) -> None:
         """Cacheless: refuse a budget below the window's ``need`` (bytes) before any read,

@@ -19,10 +19,17 @@ from pathlib import Path
 from typing import Any
 
 from shardstream.errors import CorruptShardError, HashMismatchError, ShardstreamError
-from shardstream.mds import ShardInfo
+from shardstream.mds import PieceTable, ShardInfo
 from shardstream.storage import ObjectStore
 
-__all__ = ["BlockStats", "punch_hole", "pwrite_all", "read_header", "read_verified"]
+__all__ = [
+    "BlockStats",
+    "punch_hole",
+    "pwrite_all",
+    "read_header",
+    "read_pieces",
+    "read_verified",
+]
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +163,25 @@ def read_header(store: ObjectStore, key: str, info: ShardInfo, *, stats: BlockSt
     )
 
 
+def read_pieces(
+    store: ObjectStore,
+    key: str,
+    info: ShardInfo,
+    table: PieceTable,
+    pieces: tuple[int, int],
+    *,
+    stats: BlockStats,
+) -> tuple[int, bytes]:
+    """``(offset, bytes)`` of pieces ``first..last`` (inclusive) of shard ``key``, checked
+    against the piece table of its verified header (fetched again when corrupt, as
+    :func:`read_verified`)."""
+    first, last = pieces
+    span = table.span(first, last)
+    return span[0], _read_checked(
+        store, key, info, span, lambda d: table.verify(first, d), stats=stats
+    )
+
+
 def _read_checked(
     store: ObjectStore,
     key: str,
@@ -167,7 +193,15 @@ def _read_checked(
 ) -> bytes:
     size, (start, end) = info.raw_data.bytes, span
     for attempt in range(1, VERIFY_ATTEMPTS + 1):
+        import time
+
+        t0 = time.time()
         data = store.read_range(key, start, end, expected_size=size)
+        if time.time() - t0 > 1:
+            import traceback
+
+            traceback.print_stack(limit=5)
+            print("SLOW", key, start, end, time.time() - t0, flush=True)
         stats.add(requests=1, bytes_fetched=len(data))
         try:
             check(data)

@@ -37,6 +37,7 @@ from shardstream.client.block_io import (
     read_peer_blocks,
     read_verified,
 )
+from shardstream.client.piece_reads import PieceReads
 from shardstream.client.range_queue import DEMAND, RangeQueue
 
 if TYPE_CHECKING:
@@ -60,8 +61,9 @@ log = logging.getLogger(__name__)
 MISSING, IN_FLIGHT, PRESENT = 0, 1, 2
 
 
-class PartialShard:
-    """One shard's file, its block states and the reads that fill it."""
+class PartialShard(PieceReads):
+    """One shard's file, its block states and the reads that fill it (and, for a cold
+    process's first batches, the pieces read ahead of the blocks: :class:`PieceReads`)."""
 
     def __init__(
         self,
@@ -114,6 +116,9 @@ class PartialShard:
         self._header_queued = False  # a header read is queued or running
         self._busy = 0  # runs in flight and threads waiting: the file stays open for them
         self._retired = False
+        self._init_pieces(
+            info.piece_spec if self._digests is not None and info.header_digest else None
+        )
         os.ftruncate(fd, self.size)
 
     @property
@@ -327,6 +332,7 @@ class PartialShard:
             # The header's own bytes, verified against its digest: a few KiB where block 0
             # is MBs. Its blocks stay pinned (never evicted) while the shard is open.
             data = read_header(self.store, self.key, self.info, stats=self._stats)
+            self._learn_pieces(data)
             with self._cond:
                 if self.fd < 0:
                     raise StorageError(f"{self.key}: the partial shard was closed")
@@ -403,6 +409,7 @@ class PartialShard:
                 length = min(self.block_size, self.size - start)
                 punch_hole(self.fd, start, length)
                 self.state[block] = MISSING
+                self.forget_pieces(start, start + length)
                 freed += length
         self._stats.add(bytes_evicted=freed)
         return freed

@@ -76,6 +76,8 @@ class ShardFetcher(ShardFills, BlockDemand):
         self._queue: RangeQueue | None = None
         self._memory: MemoryShards | None = None
         self._filling: dict[int, PartialShard] = {}
+        self._piece_batches_left = options.piece_read_batches  # BlockDemand's first batches
+        self._piece_chunks: set[int] = set()
         self._complete: dict[int, ShardReader] = {}
         self._lock = threading.Lock()
         self._ranged: dict[int, bool] = {}

@@ -141,6 +141,10 @@ class CacheOptions:
     ranged_reads: bool = True
     range_bytes: int = 8 << 20
     read_ahead_batches: int = 16
+    piece_read_batches: int = 4
+    """The first batches a process builds read their samples by piece (64 KiB, checked
+    against the digests in the shard header) where their blocks are not here yet, so a cold
+    first batch does not wait for 4 MiB blocks; 0 turns it off."""
     memory_only: bool = False
     memory_budget_bytes: int = 2 << 30
     unverified_blocks: UnverifiedBlocks = "whole_shard"
@@ -158,6 +162,10 @@ class CacheOptions:
         for name in ("range_bytes", "memory_budget_bytes", "read_ahead_batches"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"CacheOptions.{name} must be >= 1, got {getattr(self, name)}")
+        if self.piece_read_batches < 0:
+            raise ConfigError(
+                f"CacheOptions.piece_read_batches must be >= 0, got {self.piece_read_batches}"
+            )
         if self.unverified_blocks not in ("whole_shard", "verify_on_completion", "refuse"):
             raise ConfigError(
                 "CacheOptions.unverified_blocks must be 'whole_shard', 'verify_on_completion' "

@@ -16,8 +16,10 @@ import itertools
 import threading
 from collections.abc import Callable
 
-__all__ = ["DEMAND", "FILL", "RangeQueue"]
+__all__ = ["DEMAND", "FILL", "URGENT", "RangeQueue"]
 
+URGENT = -1
+"""Priority of piece reads of a cold process's first batches (before their blocks)."""
 DEMAND = 0
 """Priority of reads that batches need (soonest batch first, by submission order)."""
 FILL = 1

@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardstream.mds import ShardInfo
+from shardstream.mds._blocks import blocks_of_spans
 
 __all__ = [
     "DEFAULT_BLOCK_BYTES",
@@ -62,31 +63,6 @@ def blocks_between(num_blocks: int, block_size: int, start: int, end: int) -> I6
     the ``num_blocks`` blocks of a shard."""
     last = max(end - 1, start) // block_size
     return np.arange(start // block_size, min(last, num_blocks - 1) + 1)
-
-
-def blocks_of_spans(starts: I64, ends: I64, block_size: int) -> I64:
-    """Sorted unique blocks that cover the byte spans ``[starts[i], ends[i])``.
-
-    Empty spans cover nothing. Vectorized: a span crossing ``k`` blocks adds ``k`` ids.
-
-    >>> blocks_of_spans(np.array([0, 10]), np.array([5, 25]), 8).tolist()
-    [0, 1, 2, 3]
-    """
-    starts = np.asarray(starts, dtype=np.int64)
-    ends = np.asarray(ends, dtype=np.int64)
-    keep = ends > starts
-    first = starts[keep] // block_size
-    last = (ends[keep] - 1) // block_size
-    counts = last - first + 1
-    if counts.size == 0:
-        return np.empty(0, dtype=np.int64)
-    total = int(counts.sum())
-    if total == counts.size:  # the common case: each sample inside one block
-        out: I64 = np.unique(first)
-        return out
-    base = np.repeat(first - (np.cumsum(counts) - counts), counts)
-    spread: I64 = np.unique(base + np.arange(total, dtype=np.int64))
-    return spread
 
 
 def blocks_of_samples(offsets: I64, indices: npt.ArrayLike, block_size: int) -> I64:

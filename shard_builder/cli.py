@@ -95,6 +95,12 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
         "batch and a longer index",
     )
     parser.add_argument(
+        "--piece-size",
+        default="64KiB",
+        help="bytes per piece digest in each shard's header, or 'none' (default 64KiB): a "
+        "cold reader verifies its first samples piece by piece instead of whole blocks",
+    )
+    parser.add_argument(
         "--hashes", default="sha1,xxh3_64", help="shard hashes, comma-separated (sha1,xxh3_64)"
     )
     parser.add_argument(
@@ -148,6 +154,7 @@ def _output_options(args: argparse.Namespace, output: str) -> dict[str, Any]:
         "output": output,
         "shard_size": parse_size(args.shard_size),
         "block_size": parse_size(args.block_size),
+        "piece_size": None if args.piece_size.lower() == "none" else parse_size(args.piece_size),
         "compression": compression,
         "hashes": tuple(h.strip() for h in args.hashes.split(",") if h.strip()),
         "workers": args.workers or os.cpu_count() or 1,

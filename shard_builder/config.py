@@ -14,7 +14,8 @@ from typing import Any, Literal, TypedDict
 
 from shardstream.errors import ConfigError
 from shardstream.hashing import SUPPORTED_HASHES
-from shardstream.mds import DEFAULT_BLOCK_SIZE
+from shardstream.mds import DEFAULT_BLOCK_SIZE, DEFAULT_PIECE_SIZE
+from shardstream.mds._pieces import check_piece_size
 
 MB = 1 << 20
 DEFAULT_SHARD_SIZE = 128 * MB
@@ -49,6 +50,7 @@ class ShardFormat(TypedDict):
     hashes: tuple[str, ...]
     size_limit: int
     block_size: int
+    piece_size: int | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,6 +77,9 @@ class OutputOptions:
     block_size: int = DEFAULT_BLOCK_SIZE
     """Bytes per block digest (ranged readers fetch and verify whole blocks): smaller blocks
     make a cold first batch cheaper and the index longer (16 hex digits per block)."""
+    piece_size: int | None = DEFAULT_PIECE_SIZE
+    """Bytes per piece digest, kept in each shard's header (``None``: none): a cold reader
+    verifies its first samples piece by piece instead of fetching whole blocks."""
 
     def shard_format(self) -> ShardFormat:
         """How each shard is written (``write_shard``, ``write_shard_arrays``)."""
@@ -83,6 +88,7 @@ class OutputOptions:
             "hashes": self.hashes,
             "size_limit": self.shard_size,
             "block_size": self.block_size,
+            "piece_size": self.piece_size,
         }
 
     def __post_init__(self) -> None:
@@ -95,6 +101,7 @@ class OutputOptions:
                 f"{MIN_BLOCK_SIZE // 1024} KiB-{MAX_BLOCK_SIZE // MB} MiB; pass e.g. "
                 "--block-size 1MiB"
             )
+        check_piece_size(self.piece_size)
         if not self.output:
             raise ConfigError("output: give a local directory or an s3://bucket/prefix URL")
         low = _ABSOLUTE_MIN_SHARD_SIZE if self.allow_small_shards else MIN_SHARD_SIZE
@@ -231,6 +238,8 @@ def content_options(config: OutputOptions) -> dict[str, Any]:
         del out["spread_prefixes"]
     if out["block_size"] == DEFAULT_BLOCK_SIZE:
         del out["block_size"]  # the same for builds made before the option
+    if out.get("piece_size") == DEFAULT_PIECE_SIZE:
+        out.pop("piece_size")  # the same for builds made before the option
     return out
 
 

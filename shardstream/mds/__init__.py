@@ -40,6 +40,7 @@ from shardstream.mds._index import (
     load_index,
     write_atomic,
 )
+from shardstream.mds._pieces import DEFAULT_PIECE_SIZE, PieceSpec, PieceTable
 from shardstream.mds._reader import ShardReader
 from shardstream.mds._sample import encode_sample, make_encoder, make_parts_encoder
 from shardstream.mds._shard import (
@@ -54,6 +55,7 @@ from shardstream.mds._writer import MDSWriter
 __all__ = [
     "BLOCK_DIGEST_ALGO",
     "DEFAULT_BLOCK_SIZE",
+    "DEFAULT_PIECE_SIZE",
     "ENCODINGS",
     "INDEX_BASENAME",
     "BlockDigests",
@@ -63,6 +65,8 @@ __all__ = [
     "HeaderDigest",
     "MDSIndex",
     "MDSWriter",
+    "PieceSpec",
+    "PieceTable",
     "ShardInfo",
     "ShardReader",
     "blocks_for_range",

@@ -50,6 +50,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+import numpy as np
+import numpy.typing as npt
 import xxhash
 
 from shardstream.errors import ConfigError, CorruptShardError, FormatError
@@ -80,8 +82,9 @@ def digests_key(algo: str, block_size: int) -> str:
 
 
 def is_digests_key(key: str) -> bool:
-    """Whether a ``hashes`` key holds block or header digests (not a whole-file hash)."""
-    return key.startswith(_PREFIX) or key.startswith(_HEADER_PREFIX)
+    """Whether a ``hashes`` key holds block, header or piece digests (not a whole-file
+    hash)."""
+    return key.startswith((_PREFIX, _HEADER_PREFIX, "pieces:"))
 
 
 def header_key(algo: str, length: int) -> str:
@@ -169,7 +172,7 @@ def parse_block_digests(hashes: Mapping[str, str], size: int, where: str) -> Blo
     hex digits themselves are checked when a block is verified, not here: an index load
     stays one length check per shard.
     """
-    found = _digest_key(hashes, _PREFIX, "block digest lists", "block size", where)
+    found = digest_key_of(hashes, _PREFIX, "block digest lists", "block size", where)
     if found is None:
         return None
     key, algo, width, block_size = found
@@ -208,7 +211,7 @@ class HeaderDigest(NamedTuple):
 def parse_header_digest(hashes: Mapping[str, str], size: int, where: str) -> HeaderDigest | None:
     """The header digest among a file's ``hashes`` (``None`` if it has none); raises
     :class:`FormatError` naming the field for a malformed key or value."""
-    found = _digest_key(hashes, _HEADER_PREFIX, "header digests", "length", where)
+    found = digest_key_of(hashes, _HEADER_PREFIX, "header digests", "length", where)
     if found is None:
         return None
     key, algo, width, length = found
@@ -257,7 +260,7 @@ class HeaderHasher:
         return header_key(self.algo, self._length), digest
 
 
-def _digest_key(
+def digest_key_of(
     hashes: Mapping[str, str], prefix: str, plural: str, number: str, where: str
 ) -> tuple[str, str, int, int] | None:
     """The one ``<prefix><algo>:<number>`` key of ``hashes``, parsed: ``(key, algo, hex
@@ -395,6 +398,33 @@ def verify_range(shard: ShardInfo, offset: int, data: Buffer) -> None:
                 f"shard {name}: block {first + k} (bytes {lo}-{hi}) has {digests.algo} "
                 f"{actual}, the index records {expected}; the bytes are corrupt, fetch them again"
             )
+
+
+def blocks_of_spans(
+    starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64], block_size: int
+) -> npt.NDArray[np.int64]:
+    """Sorted unique blocks that cover the byte spans ``[starts[i], ends[i])``.
+
+    Empty spans cover nothing. Vectorized: a span crossing ``k`` blocks adds ``k`` ids.
+
+    >>> blocks_of_spans(np.array([0, 10]), np.array([5, 25]), 8).tolist()
+    [0, 1, 2, 3]
+    """
+    starts = np.asarray(starts, dtype=np.int64)
+    ends = np.asarray(ends, dtype=np.int64)
+    keep = ends > starts
+    first = starts[keep] // block_size
+    last = (ends[keep] - 1) // block_size
+    counts = last - first + 1
+    if counts.size == 0:
+        return np.empty(0, dtype=np.int64)
+    total = int(counts.sum())
+    if total == counts.size:  # the common case: each sample inside one block
+        out: npt.NDArray[np.int64] = np.unique(first)
+        return out
+    base = np.repeat(first - (np.cumsum(counts) - counts), counts)
+    spread: npt.NDArray[np.int64] = np.unique(base + np.arange(total, dtype=np.int64))
+    return spread
 
 
 def compute_block_digests(data: Buffer, block_size: int, algo: str = BLOCK_DIGEST_ALGO) -> str:

@@ -27,6 +27,7 @@ from shardstream.mds._blocks import (
 )
 from shardstream.mds._compression import check_compression
 from shardstream.mds._encodings import get_codec
+from shardstream.mds._pieces import PieceSpec, parse_piece_spec
 
 INDEX_BASENAME = "index.json"
 """File name of the index beside the shards."""
@@ -97,6 +98,15 @@ class ShardInfo:
             return None
         raw = self.raw_data
         return parse_header_digest(raw.hashes, raw.bytes, raw.basename)
+
+    @property
+    def piece_spec(self) -> PieceSpec | None:
+        """Where the raw file's piece table is and its digest (``None``: compressed, or
+        written without one; ``shardstream.mds._pieces``)."""
+        if self.compression is not None:
+            return None
+        raw = self.raw_data
+        return parse_piece_spec(raw.hashes, raw.bytes, raw.basename)
 
     @property
     def columns(self) -> dict[str, str]:
@@ -350,6 +360,7 @@ def _parse_shard(obj: Any, where: str, seen: dict[_Columns, _Columns] | None = N
         raise FormatError(f"{where}: zip_data must be given exactly when compression is set")
     parse_block_digests(raw.hashes, raw.bytes, f"{where}: raw_data")
     parse_header_digest(raw.hashes, raw.bytes, f"{where}: raw_data")
+    parse_piece_spec(raw.hashes, raw.bytes, f"{where}: raw_data")
     return ShardInfo(
         column_encodings=encodings,
         column_names=names,

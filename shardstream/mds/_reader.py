@@ -34,6 +34,13 @@ def _corrupt(path: Path, problem: str) -> CorruptShardError:
     return CorruptShardError(f"{path}: {problem}; the shard is truncated or corrupt")
 
 
+def _config_json(raw: memoryview) -> Any:
+    """The config JSON object at the start of ``raw`` (a piece table may follow it)."""
+    text = bytes(raw).decode("utf-8", errors="surrogateescape")
+    obj, _ = json.JSONDecoder().raw_decode(text)
+    return obj
+
+
 class ShardReader:
     """Random access to one uncompressed MDS shard on local disk (memory-mapped).
 
@@ -101,9 +108,8 @@ class ShardReader:
         self._fixed = [(n, v, self._codecs[n].encoding == "int") for n, v in self._views.items()]
 
     def _info_from_config(self, head_end: int, size: int, n: int) -> ShardInfo:
-        raw = bytes(self._mv[head_end : int(self.offsets[0])])
         try:
-            obj = json.loads(raw)
+            obj = _config_json(self._mv[head_end : int(self.offsets[0])])
             compression = obj.get("compression")
         except (ValueError, AttributeError, RecursionError):
             raise _corrupt(
@@ -123,7 +129,7 @@ class ShardReader:
     def _check_header_columns(self, head_end: int, info: ShardInfo) -> None:
         """Refuse a shard whose own header lists other columns than its index entry."""
         try:
-            obj = json.loads(bytes(self._mv[head_end : int(self.offsets[0])]))
+            obj = _config_json(self._mv[head_end : int(self.offsets[0])])
             header = dict(zip(obj["column_names"], obj["column_encodings"], strict=True))
         except (ValueError, KeyError, TypeError, RecursionError):
             return  # not a MosaicML-style header; the index entry is authoritative

@@ -14,6 +14,8 @@ MosaicML starts a new shard when the next sample would make the file bigger than
 
 Uncompressed shards also get per-block digests (``shardstream.mds._blocks``) unless
 ``block_size=None``; they are an extra entry of ``raw_data.hashes`` and change no shard byte.
+They also get a piece table at the end of the header (``shardstream.mds._pieces``) unless
+``piece_size=None``: the config JSON is then followed by 8 bytes per 64 KiB of samples.
 
 Files are written as a hidden temp file (``.<name>.*.tmp``) in the same folder and renamed,
 so a shard name only ever points at a complete file; a killed writer may leave temp files.
@@ -42,6 +44,13 @@ from shardstream.mds._blocks import (
 )
 from shardstream.mds._compression import check_compression, compress, compression_extension
 from shardstream.mds._index import FileInfo, ShardInfo, check_shard_basename
+from shardstream.mds._pieces import (
+    DEFAULT_PIECE_SIZE,
+    check_piece_size,
+    piece_table,
+    pieces_entry,
+    table_length,
+)
 from shardstream.mds._sample import parse_columns
 
 _MAX_BYTES = 1 << 32  # offsets are uint32
@@ -130,6 +139,7 @@ def write_shard(
     hashes: Sequence[str] = ("sha1", "xxh3_64"),
     size_limit: int | None = 128 << 20,
     block_size: int | None = DEFAULT_BLOCK_SIZE,
+    piece_size: int | None = DEFAULT_PIECE_SIZE,
 ) -> ShardInfo:
     """Write one shard from already-encoded samples (see :func:`encode_sample`).
 
@@ -137,11 +147,14 @@ def write_shard(
     ``shard.00000.mds``, or ``1f0c/shard.00000.mds`` in a sub-folder), or as
     ``basename + ".zstd"`` when compressed, via a temp file and a rename. ``size_limit``
     is only recorded (the caller decides what goes in a shard).
-    ``block_size`` is the per-block digest size (``None``: none). Returns the index entry.
+    ``block_size`` is the per-block digest size and ``piece_size`` the piece digest size
+    (``None``: none). Returns the index entry.
     """
     template = shard_config(columns, compression=compression, hashes=hashes, size_limit=size_limit)
     sizes = [len(e) for e in encoded]
-    return write_samples(Path(path), basename, template, sizes, encoded, block_size=block_size)
+    return write_samples(
+        Path(path), basename, template, sizes, encoded, block_size=block_size, piece_size=piece_size
+    )
 
 
 def write_samples(
@@ -152,6 +165,7 @@ def write_samples(
     parts: Sequence[bytes | memoryview],
     *,
     block_size: int | None = DEFAULT_BLOCK_SIZE,
+    piece_size: int | None = DEFAULT_PIECE_SIZE,
 ) -> ShardInfo:
     """Write a shard whose samples, of byte ``sizes``, are the concatenation of ``parts``.
 
@@ -159,6 +173,9 @@ def write_samples(
     (the writer keeps a sample's columns apart), which saves copying them before the write.
     """
     config = config_bytes(template)
+    piece_size = _pieces_for(template, block_size, piece_size)
+    table = piece_table(parts, piece_size) if piece_size else b""
+    config += table  # the table ends the header (after the config JSON)
     n = len(sizes)
     head_len = 4 * (n + 2) + len(config)
     offsets = np.empty(n + 1, np.int64)
@@ -167,7 +184,10 @@ def write_samples(
     offsets[1:] += head_len
     _check_total(int(offsets[-1]), basename)
     head = np.uint32(n).tobytes() + offsets.astype("<u4").tobytes()
-    return _store(out_dir, basename, template, [head, config, *parts], n, block_size=block_size)
+    pieces = pieces_entry(table, piece_size) if piece_size else None
+    return _store(
+        out_dir, basename, template, [head, config, *parts], n, block_size=block_size, pieces=pieces
+    )
 
 
 def write_shard_arrays(
@@ -180,6 +200,7 @@ def write_shard_arrays(
     hashes: Sequence[str] = ("sha1", "xxh3_64"),
     size_limit: int | None = 128 << 20,
     block_size: int | None = DEFAULT_BLOCK_SIZE,
+    piece_size: int | None = DEFAULT_PIECE_SIZE,
 ) -> ShardInfo:
     """Write one shard of all-fixed-size columns from whole arrays, with no per-sample Python.
 
@@ -196,13 +217,15 @@ def write_shard_arrays(
     if len(lengths) != 1:
         raise InputError(f"{basename}: arrays must be numpy arrays of one common length")
     (n,) = lengths
-    head_len = 4 * (n + 2) + len(config)
+    piece_size = _pieces_for(template, block_size, piece_size)
+    table_len = table_length(n * stride, piece_size) if piece_size else 0
+    head_len = 4 * (n + 2) + len(config) + table_len
     _check_total(head_len + n * stride, basename)
     raw = np.empty(head_len + n * stride, np.uint8)
     raw[:4] = np.frombuffer(np.uint32(n).tobytes(), np.uint8)
     offsets = head_len + stride * np.arange(n + 1, dtype=np.int64)
     raw[4 : 4 * (n + 2)] = offsets.astype("<u4").view(np.uint8)
-    raw[4 * (n + 2) : head_len] = np.frombuffer(config, np.uint8)
+    raw[4 * (n + 2) : head_len - table_len] = np.frombuffer(config, np.uint8)
     body = raw[head_len:].reshape(n, stride)
     pos = 0
     for name, codec in parse_columns(columns):
@@ -219,7 +242,25 @@ def write_shard_arrays(
             np.ascontiguousarray(arr).view(np.uint8).reshape(n, codec.size)
         )
         pos += codec.size
-    return _store(Path(path), basename, template, [raw.data], n, block_size=block_size)
+    pieces = None
+    if piece_size:
+        table = piece_table([raw.data[head_len:]], piece_size)
+        raw[head_len - table_len : head_len] = np.frombuffer(table, np.uint8)
+        pieces = pieces_entry(table, piece_size)
+    return _store(
+        Path(path), basename, template, [raw.data], n, block_size=block_size, pieces=pieces
+    )
+
+
+def _pieces_for(template: ShardInfo, block_size: int | None, piece_size: int | None) -> int | None:
+    """The piece size a shard gets: none when compressed, without block digests (the
+    header digest that covers the table comes with them) or when pieces would not be
+    smaller than blocks."""
+    block_size = check_block_size(block_size)
+    piece_size = check_piece_size(piece_size)
+    if template.compression is not None or block_size is None or piece_size is None:
+        return None
+    return piece_size if piece_size < block_size else None
 
 
 def _check_total(total: int, basename: str) -> None:
@@ -238,8 +279,10 @@ def _store(
     n: int,
     *,
     block_size: int | None,
+    pieces: tuple[str, str] | None = None,
 ) -> ShardInfo:
-    """Hash (and compress) the raw shard ``parts`` and write the stored file atomically."""
+    """Hash (and compress) the raw shard ``parts`` and write the stored file atomically;
+    ``pieces`` is the piece table's ``raw_data.hashes`` entry, if it has one."""
     check_shard_basename(basename)  # may name a sub-folder: "1f0c/shard.00000.mds"
     block_size = check_block_size(block_size)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -284,6 +327,8 @@ def _store(
         head = header.finish() if header is not None else None
         if head is not None:
             raw_hashes[head[0]] = head[1]
+        if pieces is not None:
+            raw_hashes[pieces[0]] = pieces[1]
     raw_info = FileInfo(basename, raw_size, raw_hashes)
     return ShardInfo(
         column_encodings=template.column_encodings,

@@ -1,7 +1,8 @@
 """:class:`MDSWriter`: samples in, MDS shards and ``index.json`` out.
 
-Given the same samples, columns, compression, hashes and size limit, the shards and the
-index are byte-identical to ``streaming.MDSWriter``'s (one difference: a sample bigger
+Given the same samples, columns, compression, hashes and size limit, and
+``block_size=None, piece_size=None``, the shards and the index are byte-identical to
+``streaming.MDSWriter``'s (one difference: a sample bigger
 than ``size_limit`` gets a shard of its own, where MosaicML first writes an empty shard).
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 from shardstream.errors import ConfigError
 from shardstream.mds._blocks import DEFAULT_BLOCK_SIZE, check_block_size
 from shardstream.mds._index import INDEX_BASENAME, MDSIndex
+from shardstream.mds._pieces import DEFAULT_PIECE_SIZE, check_piece_size
 from shardstream.mds._sample import make_parts_encoder
 from shardstream.mds._shard import config_bytes, shard_config, write_samples
 
@@ -34,7 +36,9 @@ class MDSWriter:
     digests recorded per file (``shardstream.hashing``); ``size_limit`` is the largest
     shard file in bytes (``None``: one shard). ``block_size`` is the size of the blocks
     whose digests are recorded for ranged reads of uncompressed shards (``None``: none, and
-    the index is byte-identical to MosaicML's). ``exist_ok=False`` refuses a folder that
+    the index is byte-identical to MosaicML's); ``piece_size`` that of the finer digests in
+    each shard's header (``None``: none, and the shards are byte-identical to MosaicML's).
+    ``exist_ok=False`` refuses a folder that
     already holds an ``index.json``.
     """
 
@@ -47,10 +51,12 @@ class MDSWriter:
         hashes: Sequence[str] = ("sha1", "xxh3_64"),
         size_limit: int | None = 128 << 20,
         block_size: int | None = DEFAULT_BLOCK_SIZE,
+        piece_size: int | None = DEFAULT_PIECE_SIZE,
         exist_ok: bool = False,
     ) -> None:
         self.out_dir = Path(out_dir)
         self.block_size = check_block_size(block_size)
+        self.piece_size = check_piece_size(piece_size)
         self.columns = dict(columns)
         self._template = shard_config(
             columns, compression=compression, hashes=hashes, size_limit=size_limit
@@ -113,6 +119,7 @@ class MDSWriter:
             self._pending_sizes,
             self._pending,
             block_size=self.block_size,
+            piece_size=self.piece_size,
         )
         self._index.shards.append(info)
         self._pending = []

@@ -29,6 +29,7 @@ TRAINER = textwrap.dedent(
     print(" ".join(map(str, pids)), flush=True)
     if sys.argv[2] == "hang":
         signal.pause()
+    sys.stdin.readline()  # the test has seen the workers alive
     # exit without closing the loader or finishing the pass
     """
 )
@@ -63,11 +64,15 @@ def _start(dataset: Path, mode: str, tmp_path: Path) -> tuple[subprocess.Popen[s
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER)
     proc = subprocess.Popen(
-        [sys.executable, str(script), str(dataset), mode], stdout=subprocess.PIPE, text=True
+        [sys.executable, str(script), str(dataset), mode],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
-    assert proc.stdout is not None
+    assert proc.stdout is not None and proc.stdin is not None
     pids = [int(p) for p in proc.stdout.readline().split()]
     assert len(pids) == 2 and all(_alive(p) for p in pids)
+    proc.stdin.close()  # "exit" goes on (and exits) only now: the check above cannot race it
     return proc, pids
 
 
