@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -111,6 +112,12 @@ class _Packer:
     ``shard_size`` (a sample bigger than that gets a shard of its own). The cut points are
     found by binary search over a unit's cumulative sizes, so packing costs a few numpy
     calls per shard, not Python work per sample; the result is the same greedy rule.
+
+    A full shard is hashed and written by a writer thread while this thread reads and
+    encodes the next units: hashing (sha1 most of all) and writing release the GIL, and
+    they cost as much as reading an LMDB or LitData source, so on two cores they overlap
+    instead of adding up. One shard is in flight at a time; it is handed to the sink (and
+    the journal) in shard order, when the next one is closed or at :meth:`finish`.
     """
 
     def __init__(
@@ -135,6 +142,8 @@ class _Packer:
         self._parts: list[memoryview] = []
         self._count = 0
         self._bytes = _SHARD_OVERHEAD
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="shardstream-import-writer")
+        self._pending: tuple[Future[ShardInfo], int, dict[str, Any]] | None = None
 
     def add_unit(self, file: int, unit: SourceUnit, done: EncodedUnit) -> None:
         """Add the samples of ``unit`` (a part of file number ``file``) in order, closing
@@ -172,8 +181,16 @@ class _Packer:
         after which come ``unit_bad``'s records numbered from it on (not yet skipped)."""
         if not self._count:
             return
+        self.finish()  # the shard before this one
         position, cfg = len(self.shards), self._config
-        info = write_samples(
+        before = [b for number, b in unit_bad if number < next_position[1]]
+        state = {
+            "next": list(next_position),
+            "final": final,
+            "skipped": [asdict(b) for b in [*self.skipped, *before]],
+        }
+        written = self._writer.submit(
+            write_samples,
             self._sink.staging,
             shard_key(position, cfg.spread_prefixes),
             self._template,
@@ -181,16 +198,25 @@ class _Packer:
             self._parts,
             block_size=cfg.block_size,
         )
-        self.shards.append(info)
-        before = [b for number, b in unit_bad if number < next_position[1]]
-        state = {
-            "next": list(next_position),
-            "final": final,
-            "skipped": [asdict(b) for b in [*self.skipped, *before]],
-        }
-        self._sink.stored(info, lambda: self._journal.record(position, info, state))
+        self._pending = (written, position, state)
         self._sizes, self._parts, self._count = [], [], 0
         self._bytes = _SHARD_OVERHEAD
+
+    def finish(self) -> None:
+        """Wait for the shard in flight and hand it to the sink (re-raising its error)."""
+        if self._pending is None:
+            return
+        written, position, state = self._pending
+        self._pending = None
+        info = written.result()
+        self.shards.append(info)
+        self._sink.stored(info, lambda: self._journal.record(position, info, state))
+
+    def close(self) -> None:
+        """Stop the writer thread (after the shard in flight, whose error is dropped: this
+        runs on the way out of a failed import)."""
+        self._writer.shutdown(wait=True)
+        self._pending = None
 
 
 def build_import(config: ImportConfig) -> BuildResult:
@@ -212,6 +238,7 @@ def build_import(config: ImportConfig) -> BuildResult:
     del options["part_bytes"]  # how the work is cut: no output byte and no position depends on it
     fp = fingerprint({"importer": IMPORTER_VERSION, "options": options, "lineage": lineage})
     sink = ShardSink(config.output)
+    packer: _Packer | None = None
     try:
         if config.overwrite:
             sink.check_empty(overwrite=True)
@@ -255,6 +282,7 @@ def build_import(config: ImportConfig) -> BuildResult:
                     packer.add_unit(file, unit, done)
                     bar.advance(unit.nbytes, len(done.sizes), int(done.sizes.sum()))
                 packer.close_shard((len(files), 0), final=True)
+                packer.finish()
             if not packer.shards:
                 raise InputError(f"no importable samples ({len(skipped)} skipped)")
             sink.flush()
@@ -274,9 +302,13 @@ def build_import(config: ImportConfig) -> BuildResult:
         index = finish_build(sink, packer.shards, metadata)
         journal.clear()
     except InputError:
+        if packer is not None:
+            packer.close()  # no shard write in flight while the partial output goes
         sink.discard_partial()
         raise
     finally:
+        if packer is not None:
+            packer.close()
         clear_spool(sink.staging / SPOOL_DIR)
         sink.close()
     return completed_result(

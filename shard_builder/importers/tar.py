@@ -70,7 +70,7 @@ def _walk(data: mmap.mmap, end: int, label: str) -> Iterator[tuple[str, bytes]]:
             where = f"after {last}" if pos < end else f"after {last}: no end-of-archive block"
             raise InputError(f"{label}: truncated tar {where} (byte {pos} of {end})")
         header = data[pos : pos + BLOCK]
-        if header.count(0) == BLOCK:
+        if header[0] == 0 and header.count(0) == BLOCK:
             return  # the end-of-archive block
         if not _checksum_ok(header):
             raise InputError(f"{label}: damaged tar: bad header checksum after {last} (byte {pos})")
@@ -102,7 +102,7 @@ def _walk(data: mmap.mmap, end: int, label: str) -> Iterator[tuple[str, bytes]]:
         if "path" in pax:
             name = pax["path"]
         if "size" in pax:
-            size = int(pax["size"])
+            size = _pax_size(pax["size"], label, pos)
         long_name, pax = None, {}
         if kind in _REGULAR:
             last = f"member {name!r}"
@@ -127,21 +127,42 @@ def _nts(field: bytes) -> str:
 
 def _name(header: bytes) -> str:
     name = _nts(header[:100])
-    prefix = _nts(header[345:500])  # ustar's prefix (tarfile reads it in every format)
+    prefix = _nts(header[345:500]) if header[345] else ""  # tarfile reads it in every format
     if prefix and header[156:157] not in (b"L", b"K", b"S"):
         name = f"{prefix}/{name}"
     return name
 
 
 def _number(field: bytes, label: str, pos: int) -> int:
-    """An octal number field (or GNU's base-256 for big sizes)."""
+    """A size field: octal (or GNU's base-256 for big sizes), never negative."""
     if field[0] in (0o200, 0o377):
         value = int.from_bytes(field[1:], "big")
-        return value - 256 ** (len(field) - 1) if field[0] == 0o377 else value
+        value = value - 256 ** (len(field) - 1) if field[0] == 0o377 else value
+    else:
+        try:
+            # The usual "%011o\0" without decoding (int() takes bytes; a NUL inside is
+            # a ValueError, and then the field is read as tarfile reads it).
+            value = int(field[:-1], 8) if field[-1] in (0, 32) else -1
+        except ValueError:
+            value = -1
+        if value < 0:
+            try:
+                value = int(_nts(field).strip() or "0", 8)
+            except ValueError:
+                value = -1
+    if value < 0:
+        raise InputError(f"{label}: damaged tar: bad size in the header at byte {pos}")
+    return value
+
+
+def _pax_size(text: str, label: str, pos: int) -> int:
     try:
-        return int(_nts(field).strip() or "0", 8)
+        value = int(text)
     except ValueError:
-        raise InputError(f"{label}: damaged tar: bad number in the header at byte {pos}") from None
+        value = -1
+    if value < 0:
+        raise InputError(f"{label}: damaged tar: bad size in the pax header at byte {pos}")
+    return value
 
 
 def _checksum_ok(header: bytes) -> bool:

@@ -166,3 +166,16 @@ def test_webdataset_import_of_long_keys_and_of_a_cut_shard(tmp_path: Path) -> No
     with pytest.raises(InputError, match=r"shard-000000\.tar: truncated tar.*member '.*/s01\d\."):
         build_import(ImportConfig(inputs=(source,), output=str(tmp_path / "cut"), **options))
     assert not (tmp_path / "cut" / "index.json").exists()
+
+
+def test_a_negative_size_is_an_error_not_a_step_back(tmp_path: Path) -> None:
+    path = Path(_cut(tmp_path, -1))
+    data = bytearray(path.read_bytes())
+    header = data[2560 + 1024 : 2560 + 1536]  # s000.b's ustar header
+    header[124:136] = b"\xff" * 12  # base-256 for -1
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    data[2560 + 1024 : 2560 + 1536] = header
+    path.write_bytes(bytes(data))
+    with pytest.raises(InputError, match=r"cut\.tar: damaged tar: bad size .* byte 3584"):
+        list(tar_members(str(path), str(path)))
