@@ -1,7 +1,7 @@
 """Time to the first batch, cold, through the cloud emulator: whole shards vs block ranges.
 
 Ranged modes read a cold process's first batches by 64 KiB piece (the digests in the shard
-headers, ``--piece-kib``); the ``, blocks`` modes turn that off and wait for whole blocks.
+headers, ``--piece-kib``); the ``-blocks`` modes turn that off and wait for whole blocks.
 
 One process (``--workers N``: a ShardstreamLoader with N workers), batch 32 of 2,048 x
 uint16 tokens, a shuffled epoch, empty caches; the emulator models S3 (20 ms to first
@@ -34,12 +34,12 @@ TOKENS = 2048
 BUCKET = "bench-first-batch"
 MODES = {
     "whole-shard": {"ranged_reads": False},
-    "ranged cache": {},
-    "cache, blocks": {"piece_read_batches": 0},
+    "ranged-cache": {},
+    "cache-blocks": {"piece_read_batches": 0},
     "cacheless": {"memory_only": True},
-    "cacheless, blocks": {"memory_only": True, "piece_read_batches": 0},
+    "cacheless-blocks": {"memory_only": True, "piece_read_batches": 0},
 }
-"""``, blocks``: the first batches wait for whole digest blocks (no piece reads)."""
+"""``-blocks``: the first batches wait for whole digest blocks (no piece reads)."""
 
 
 def _dataset(out: Path, shard_mb: int, shards: int, block: int, piece: int | None) -> None:

@@ -119,12 +119,15 @@ class BlockDemand:
             self._reading(shard) if self._cache is None else self._filling.get(shard)
             for shard, _ in groups
         ]
+        pieces: set[int] = set()  # shards whose samples this chunk reads by piece
         for (shard, idx), place in zip(groups, places, strict=True):
             if isinstance(place, PartialShard) and self.ranged(shard):
                 place.request_header()  # every header in flight at once, not one after another
-                if by_piece:
-                    place.request_pieces(idx)  # before any block of the chunk
+                if by_piece and place.request_pieces(idx):
+                    pieces.add(shard)  # its blocks come with later batches that want them
         for (shard, idx), where in zip(groups, places, strict=True):
+            if shard in pieces:
+                continue
             if isinstance(where, PartialShard) and where.complete() is False:
                 if self._cache is None and not self.ranged(shard):
                     continue  # whole-shard fallback: loaded by prefetch
@@ -169,8 +172,14 @@ class BlockDemand:
                     continue
                 blocks = where.blocks_for(idx)
                 if self._memory is not None and self._cache is None:
-                    self._memory.touch(where, blocks, tick)
+                    self._memory.touch(where, blocks, tick)  # never evicted under this chunk
+                    if shard in pieces:
+                        waiting.append((shard, where, blocks, idx))
+                        continue
                     self._memory.make_room(where.missing_bytes(blocks))
+                if shard in pieces:  # no block read beside the pieces: they would share the link
+                    waiting.append((shard, where, blocks, idx))
+                    continue
                 where.request(blocks)  # every shard's blocks in flight before waiting on any
                 waiting.append((shard, where, blocks, idx))
         for shard, where, blocks, idx in waiting:

@@ -62,6 +62,7 @@ class PieceReads:
         _reader: ShardReader | None
 
         def reader(self) -> ShardReader: ...
+        def request(self, blocks: I64, priority: int = ...) -> None: ...
         def index_offsets(self) -> I64 | None: ...
         def _done_one(self) -> None: ...
 
@@ -174,11 +175,20 @@ class PieceReads:
                 pwrite_all(self.fd, data, offset)
                 self.piece_state[first : last + 1] = _PRESENT
             done = True
-        except Exception as exc:  # the blocks requested behind the pieces still come
-            log.debug("%s: pieces %d-%d: %s; waiting for their blocks", self.key, first, last, exc)
+        except Exception as exc:  # the batch waits for the blocks instead
+            log.debug("%s: pieces %d-%d: %s; reading their blocks", self.key, first, last, exc)
         finally:
             with self._cond:
                 if not done:
                     self.piece_state[first : last + 1] = _MISSING
                 self._done_one()
                 self._cond.notify_all()
+        if not done:
+            self.request(self._blocks_of(first, last))
+
+    def _blocks_of(self, first: int, last: int) -> I64:
+        """The blocks that pieces ``first..last`` lie in."""
+        assert self._piece_spec is not None
+        size, base = self._piece_spec.piece_size, self._piece_spec.data_start
+        end = min(base + (last + 1) * size, self.size)
+        return np.arange((base + first * size) // self.block_size, (end - 1) // self.block_size + 1)
