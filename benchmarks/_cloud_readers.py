@@ -144,9 +144,18 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
 if __name__ == "__main__":
     spec = json.loads(sys.argv[1])
-    modules = {"shardstream": "shardstream.client", "mosaic": "streaming"}
-    for name in ("torch", "numpy", "boto3", modules.get(spec["library"], "litdata")):
-        __import__(name)  # imports are not part of the time to the first batch
+    # Imports are not part of the time to the first batch: a training script imports its
+    # loader's classes at the top. shardstream.client resolves its names lazily, so they are
+    # looked up here too (as `from shardstream.client import ...` does); the peers import
+    # theirs with their packages.
+    imported = {
+        "shardstream": ("shardstream.client", "StreamingDataset", "ShardstreamLoader"),
+        "mosaic": ("streaming", "StreamingDataset"),
+    }.get(spec["library"], ("litdata", "StreamingDataset", "StreamingDataLoader"))
+    for name in ("torch", "numpy", "boto3", imported[0]):
+        __import__(name)
+    for attr in imported[1:]:
+        getattr(sys.modules[imported[0]], attr)
     result = run(spec)
     print("RESULT " + json.dumps(result), flush=True)
     os._exit(0)  # skip slow interpreter teardown of the libraries' threads

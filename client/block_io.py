@@ -193,15 +193,7 @@ def _read_checked(
 ) -> bytes:
     size, (start, end) = info.raw_data.bytes, span
     for attempt in range(1, VERIFY_ATTEMPTS + 1):
-        import time
-
-        t0 = time.time()
         data = store.read_range(key, start, end, expected_size=size)
-        if time.time() - t0 > 1:
-            import traceback
-
-            traceback.print_stack(limit=5)
-            print("SLOW", key, start, end, time.time() - t0, flush=True)
         stats.add(requests=1, bytes_fetched=len(data))
         try:
             check(data)

@@ -170,13 +170,18 @@ class PartialShard(PieceReads):
     def wait(self, blocks: npt.NDArray[np.int64], priority: int = DEMAND) -> None:
         """Fetch ``blocks`` if needed and return once all are present (or raise why not)."""
         self.request(blocks, priority)
+        self._wait_until(lambda: bool((self.state[blocks] == PRESENT).all()))
+
+    def _wait_until(self, ready: Callable[[], bool]) -> None:
+        """Return once ``ready()`` (called with ``_cond`` held) is true; raises the
+        shard's error if it fails first."""
         with self._cond:
             self._busy += 1
             try:
                 while True:
                     if self._error is not None:
                         raise self._error
-                    if (self.state[blocks] == PRESENT).all():
+                    if ready():
                         return
                     self._cond.wait()
             finally:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -63,6 +64,7 @@ class PieceReads:
 
         def reader(self) -> ShardReader: ...
         def request(self, blocks: I64, priority: int = ...) -> None: ...
+        def _wait_until(self, ready: Callable[[], bool]) -> None: ...
         def index_offsets(self) -> I64 | None: ...
         def _done_one(self) -> None: ...
 
@@ -100,18 +102,9 @@ class PieceReads:
         (the caller requested the blocks); raises the shard's error if it fails."""
         pieces = self._pieces_of(self.reader().offsets, local)  # the header decides
         self._submit_pieces(pieces)
-        with self._cond:
-            self._busy += 1
-            try:
-                while True:
-                    if self._error is not None:
-                        raise self._error
-                    present = self.piece_state[pieces] == _PRESENT
-                    if (present | self._blocks_hold(pieces)).all():
-                        return
-                    self._cond.wait()
-            finally:
-                self._done_one()
+        self._wait_until(
+            lambda: bool(((self.piece_state[pieces] == _PRESENT) | self._blocks_hold(pieces)).all())
+        )
 
     def forget_pieces(self, start: int, end: int) -> None:
         """Pieces overlapping file bytes ``[start, end)`` are gone (``_cond`` held)."""

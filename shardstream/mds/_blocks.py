@@ -94,18 +94,19 @@ def header_key(algo: str, length: int) -> str:
 
 def check_block_size(block_size: int | None) -> int | None:
     """``None`` (no block digests) or a byte count in ``[4096, 2**32)``; else ConfigError."""
-    if block_size is None:
+    return checked_size("block_size", block_size)
+
+
+def checked_size(name: str, size: int | None) -> int | None:
+    """``size`` if it is ``None`` or a byte count in ``[4096, 2**32)``; else ConfigError
+    naming the option ``name``."""
+    if size is None:
         return None
-    if (
-        not isinstance(block_size, int)
-        or isinstance(block_size, bool)
-        or not MIN_BLOCK_SIZE <= block_size < 1 << 32
-    ):
+    if not isinstance(size, int) or isinstance(size, bool) or not MIN_BLOCK_SIZE <= size < 1 << 32:
         raise ConfigError(
-            f"block_size must be None or between {MIN_BLOCK_SIZE} and 2**32 - 1 bytes, "
-            f"got {block_size!r}"
+            f"{name} must be None or between {MIN_BLOCK_SIZE} and 2**32 - 1 bytes, got {size!r}"
         )
-    return block_size
+    return size
 
 
 class BlockRange(NamedTuple):

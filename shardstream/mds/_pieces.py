@@ -33,12 +33,13 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from shardstream.errors import ConfigError, CorruptShardError, FormatError
+from shardstream.errors import CorruptShardError, FormatError
 from shardstream.mds._blocks import (
     MIN_BLOCK_SIZE,
     BlockHasher,
     Buffer,
     blocks_of_spans,
+    checked_size,
     digest_key_of,
     parse_header_digest,
 )
@@ -67,18 +68,7 @@ I64 = npt.NDArray[np.int64]
 
 def check_piece_size(piece_size: int | None) -> int | None:
     """``None`` (no piece table) or a byte count in ``[4096, 2**32)``; else ConfigError."""
-    if piece_size is None:
-        return None
-    if (
-        not isinstance(piece_size, int)
-        or isinstance(piece_size, bool)
-        or not MIN_BLOCK_SIZE <= piece_size < 1 << 32
-    ):
-        raise ConfigError(
-            f"piece_size must be None or between {MIN_BLOCK_SIZE} and 2**32 - 1 bytes, "
-            f"got {piece_size!r}"
-        )
-    return piece_size
+    return checked_size("piece_size", piece_size)
 
 
 def table_length(data_bytes: int, piece_size: int) -> int:
