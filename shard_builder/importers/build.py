@@ -197,6 +197,7 @@ class _Packer:
             np.concatenate(self._sizes),
             self._parts,
             block_size=cfg.block_size,
+            piece_size=cfg.piece_size,
         )
         self._pending = (written, position, state)
         self._sizes, self._parts, self._count = [], [], 0
