@@ -101,7 +101,13 @@ class OutputOptions:
                 f"{MIN_BLOCK_SIZE // 1024} KiB-{MAX_BLOCK_SIZE // MB} MiB; pass e.g. "
                 "--block-size 1MiB"
             )
-        check_piece_size(self.piece_size)
+        try:
+            check_piece_size(self.piece_size)
+        except ConfigError:
+            raise ConfigError(
+                f"piece size {self.piece_size!r} is outside the accepted range 4 KiB-4 GiB; "
+                "pass e.g. --piece-size 64KiB, or none"
+            ) from None
         if not self.output:
             raise ConfigError("output: give a local directory or an s3://bucket/prefix URL")
         low = _ABSOLUTE_MIN_SHARD_SIZE if self.allow_small_shards else MIN_SHARD_SIZE
