@@ -83,4 +83,5 @@ def test_piece_size_is_an_option_and_part_of_the_build(tmp_path: Path, capsys: A
     capsys.readouterr()
     assert main([*args, "-o", str(tmp_path / "x"), "--piece-size", "1KB"]) == 1
     err = capsys.readouterr().err
-    assert "piece size 1024 is outside the accepted range" in err and len(err.strip().splitlines()) == 1
+    assert "piece size 1024 is outside the accepted range" in err
+    assert len(err.strip().splitlines()) == 1
