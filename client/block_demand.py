@@ -63,6 +63,7 @@ class BlockDemand:
         _open: OrderedDict[int, tuple[ShardReader, contextlib.ExitStack]]
         _piece_batches_left: int
         _piece_chunks: set[int]
+        _piece_shards: set[int]
         ranged: Callable[[int], bool]
         _fetch_args: Callable[[int], tuple[str, int, ResolvedSource, int]]
         _partial: Callable[[int], PartialShard]
@@ -123,7 +124,7 @@ class BlockDemand:
         for (shard, idx), place in zip(groups, places, strict=True):
             if isinstance(place, PartialShard) and self.ranged(shard):
                 place.request_header()  # every header in flight at once, not one after another
-                if by_piece and place.request_pieces(idx):
+                if (by_piece or shard in self._piece_shards) and place.request_pieces(idx):
                     pieces.add(shard)  # its blocks come with later batches that want them
         for (shard, idx), where in zip(groups, places, strict=True):
             if shard in pieces:
@@ -159,7 +160,7 @@ class BlockDemand:
         for (shard, idx), place in zip(groups, places, strict=True):
             if isinstance(place, PartialShard) and self.ranged(shard):
                 place.request_header()  # every header in flight at once, not one after another
-                if by_piece and place.request_pieces(idx):
+                if (by_piece or shard in self._piece_shards) and place.request_pieces(idx):
                     pieces.add(shard)
         waiting: list[tuple[int, PartialShard, np.ndarray[Any, Any], np.ndarray[Any, Any]]] = []
         for (shard, idx), where in zip(groups, places, strict=True):

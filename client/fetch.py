@@ -78,6 +78,7 @@ class ShardFetcher(ShardFills, BlockDemand):
         self._filling: dict[int, PartialShard] = {}
         self._piece_batches_left = options.piece_read_batches  # BlockDemand's first batches
         self._piece_chunks: set[int] = set()
+        self._piece_shards: set[int] = set()  # read by piece in every batch
         self._complete: dict[int, ShardReader] = {}
         self._lock = threading.Lock()
         self._ranged: dict[int, bool] = {}
@@ -245,6 +246,11 @@ class ShardFetcher(ShardFills, BlockDemand):
             for shard in self._sparse - shards:
                 self._memory.drop(shard)
         self._sparse = set(shards)
+
+    def read_by_piece(self, shards: set[int]) -> None:
+        """Read the samples of ``shards`` by piece in every batch, never by block (shards
+        this rank reads a few dozen samples of: ``BatchStream._sparse_shards``)."""
+        self._piece_shards = set(shards)
 
     def release_unused(self, keep: set[int]) -> None:
         """Release least recently used leases beyond ``open_shards``, never one in ``keep``."""

@@ -19,8 +19,9 @@ import pytest
 
 from shardstream.client import CacheOptions, PlanOptions, StreamingDataset
 from shardstream.client.block_io import read_verified
+from shardstream.client.distributed import Topology
 from shardstream.errors import CorruptShardError, FormatError
-from shardstream.mds import MDSWriter, PieceTable, load_index
+from shardstream.mds import MDSIndex, MDSWriter, PieceTable, load_index, write_shard_arrays
 from shardstream.mds._index import index_from_json
 from shardstream.storage import open_store
 from tests.fixtures.cloud_emulator import CloudEmulator
@@ -189,3 +190,66 @@ def test_mosaicml_reads_shards_with_a_piece_table(tmp_path: Path) -> None:
     for i in (0, 1, N // 2, N - 1):
         assert ds[i]["id"] == i
         assert ds[i]["tokens"].tolist() == tokens_of(i)[: 64 + i % 192].tolist()
+
+
+def test_ranks_read_the_few_samples_of_their_neighbours_shards_by_piece(
+    s3_bucket: S3Bucket,
+    tmp_path: Path,
+    cloud_emulator: CloudEmulator,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 16 shards of 151 samples of 4 KiB, in blocks of 64 KiB (16 samples). 4 ranks of batch 8
+    # drop a 16-sample tail, so each partition ends a few samples inside a neighbour's
+    # shard. Those few samples touch about half of its blocks, so by block the rank fills
+    # the shard whole (as its neighbour does); by piece it reads just them.
+    tokens = 2048 - 4
+    columns = {"id": "int32", "tokens": f"ndarray:uint16:{tokens}"}
+
+    def publish(name: str, piece_size: int | None) -> tuple[str, int]:
+        folder = tmp_path / name
+        shards = []
+        for k in range(16):
+            ids = np.arange(k * 151, (k + 1) * 151, dtype=np.int32)
+            rows = np.repeat(ids[:, None], tokens, axis=1).astype(np.uint16)
+            shards.append(
+                write_shard_arrays(
+                    folder,
+                    f"shard.{k:05d}.mds",
+                    columns,
+                    {"id": ids, "tokens": rows},
+                    block_size=64 << 10,
+                    piece_size=piece_size,
+                )
+            )
+        MDSIndex(shards=shards).write(folder / "index.json")
+        _upload(folder, f"{s3_bucket.url}/{name}")
+        data = sum(s.raw_data.bytes for s in shards)
+        return f"{s3_bucket.url}/{name}/index.json", data + 4 * len(
+            (folder / "index.json").read_bytes()
+        )
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", cloud_emulator.endpoint_url)
+    served = {}
+    for name, piece_size in [("pieces", 4096), ("blocks", None)]:
+        url, total = publish(name, piece_size)
+        cloud_emulator.reset()
+        seen: list[int] = []
+        for rank in range(4):
+            ds = StreamingDataset(
+                url,
+                8,
+                # Boundary shards only: no first batches read by piece (on 600 samples
+                # per rank, their pieces would be a few percent more).
+                cache=CacheOptions(dir=tmp_path / f"{name}-node{rank}", piece_read_batches=0),
+                plan=PlanOptions(seed=3),
+                topology=Topology(rank=rank, world_size=4),
+            )
+            for batch in ds:
+                assert batch["tokens"][:, 0].tolist() == batch["id"].tolist()
+                seen += batch["id"].tolist()
+            ds.stream.close(finish_fills_s=30)
+        assert len(seen) == len(set(seen)) == 16 * 151 - 16
+        served[name] = cloud_emulator.stats()["body_bytes"] / total
+    # By piece: the boundary samples' pieces (24 samples, two 4 KiB pieces each: ~2 % here).
+    assert served["pieces"] <= 1.04, served
+    assert served["blocks"] >= 1.1, served  # the boundary shards filled twice
