@@ -38,8 +38,11 @@ MODES = {
     "cache-blocks": {"piece_read_batches": 0},
     "cacheless": {"memory_only": True},
     "cacheless-blocks": {"memory_only": True, "piece_read_batches": 0},
+    "cacheless-1": {"memory_only": True, "piece_read_batches": 1},
+    "cache-1": {"piece_read_batches": 1},
 }
-"""``-blocks``: the first batches wait for whole digest blocks (no piece reads)."""
+"""``-blocks``: the first batches wait for whole digest blocks (no piece reads); ``-1``: only
+the first batch reads by piece."""
 
 
 def _dataset(out: Path, shard_mb: int, shards: int, block: int, piece: int | None) -> None:

@@ -174,14 +174,8 @@ class BlockDemand:
                 blocks = where.blocks_for(idx)
                 if self._memory is not None and self._cache is None:
                     self._memory.touch(where, blocks, tick)  # never evicted under this chunk
-                    if shard in pieces:
-                        waiting.append((shard, where, blocks, idx))
-                        continue
-                    self._memory.make_room(where.missing_bytes(blocks))
-                if shard in pieces:  # no block read beside the pieces: they would share the link
-                    waiting.append((shard, where, blocks, idx))
-                    continue
-                where.request(blocks)  # every shard's blocks in flight before waiting on any
+                if shard not in pieces:  # pieces go alone: blocks would share the link
+                    self._request(where, blocks)  # every shard's in flight before any wait
                 waiting.append((shard, where, blocks, idx))
         for shard, where, blocks, idx in waiting:
             if shard in pieces:
@@ -197,7 +191,17 @@ class BlockDemand:
                 if extra.size:
                     where.request(extra)
                     where.wait(extra)
+        if by_piece:  # a first batch's blocks hold samples of the next ones: fetch them now
+            for shard, where, blocks, _ in waiting:
+                if shard in pieces and shard not in self._piece_shards:
+                    self._request(where, blocks)
         return readers
+
+    def _request(self, where: PartialShard, blocks: np.ndarray[Any, Any]) -> None:
+        """Request ``blocks`` of ``where`` for a batch (cacheless: after making room)."""
+        if self._memory is not None and self._cache is None:
+            self._memory.make_room(where.missing_bytes(blocks))
+        where.request(blocks)
 
     def _by_piece(self, batches: Sequence[int] | None, *, first_call: bool) -> bool:
         """Whether the chunk of ``batches`` is among the process's first

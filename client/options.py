@@ -141,10 +141,11 @@ class CacheOptions:
     ranged_reads: bool = True
     range_bytes: int = 8 << 20
     read_ahead_batches: int = 16
-    piece_read_batches: int = 4
+    piece_read_batches: int = 1
     """The first batches a process builds read their samples by piece (64 KiB, checked
-    against the digests in the shard header) where their blocks are not here yet, so a cold
-    first batch does not wait for 4 MiB blocks; 0 turns it off."""
+    against the digests in the shard header) instead of by block, so a cold first batch
+    does not wait for 4 MiB blocks; 0 turns it off. More than 1 rarely helps: a later
+    batch's pieces queue behind the blocks then in flight."""
     memory_only: bool = False
     memory_budget_bytes: int = 2 << 30
     unverified_blocks: UnverifiedBlocks = "whole_shard"
