@@ -64,6 +64,7 @@ class BlockDemand:
         _piece_batches_left: int
         _piece_chunks: set[int]
         _piece_shards: set[int]
+        _after_pieces: list[tuple[PartialShard, np.ndarray[Any, Any]]]
         ranged: Callable[[int], bool]
         _fetch_args: Callable[[int], tuple[str, int, ResolvedSource, int]]
         _partial: Callable[[int], PartialShard]
@@ -114,6 +115,7 @@ class BlockDemand:
         batches, numbered ``batches``: their blocks stay in memory until then); returns at
         once."""
         tick = self._use_time(batches, ahead=True)
+        self._request_after_pieces()
         by_piece = self._by_piece(batches, first_call=True)
         groups = _by_shard(shards, local)
         places = [
@@ -153,6 +155,7 @@ class BlockDemand:
         read whole are absent: use :meth:`reader`)."""
         readers: dict[int, ShardReader] = {}
         tick = self._use_time(batches, ahead=False)
+        self._request_after_pieces()
         by_piece = self._by_piece(batches, first_call=False)
         groups = _by_shard(shards, local)
         places = [self._reading(shard) for shard, _ in groups]
@@ -191,11 +194,19 @@ class BlockDemand:
                 if extra.size:
                     where.request(extra)
                     where.wait(extra)
-        if by_piece:  # a first batch's blocks hold samples of the next ones: fetch them now
-            for shard, where, blocks, _ in waiting:
-                if shard in pieces and shard not in self._piece_shards:
-                    self._request(where, blocks)
+        if by_piece:  # a first batch's blocks hold samples of the next ones: fetched once
+            self._after_pieces = [  # it is out (the next want), not while it is being built
+                (where, blocks)
+                for shard, where, blocks, _ in waiting
+                if shard in pieces and shard not in self._piece_shards
+            ]
         return readers
+
+    def _request_after_pieces(self) -> None:
+        """Request the blocks of the samples the last chunk read by piece."""
+        pending, self._after_pieces = self._after_pieces, []
+        for where, blocks in pending:
+            self._request(where, blocks)
 
     def _request(self, where: PartialShard, blocks: np.ndarray[Any, Any]) -> None:
         """Request ``blocks`` of ``where`` for a batch (cacheless: after making room)."""

@@ -74,7 +74,11 @@ class PieceReads:
 
     def _init_pieces(self, spec: PieceSpec | None) -> None:
         """Called by the partial's constructor with the index's piece table place (``None``:
-        the shard has none, or its blocks are not verified)."""
+        the shard has none, or its blocks are not verified). Pieces larger than blocks (an
+        index no writer of ours makes) are not used: a piece must lie in at most two blocks
+        for :meth:`_blocks_hold` to be exact."""
+        if spec is not None and spec.piece_size > self.block_size:
+            spec = None
         self._piece_spec = spec
         self.piece_state = np.zeros(spec.pieces if spec else 0, dtype=np.int8)
 
