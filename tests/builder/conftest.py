@@ -99,6 +99,19 @@ def write_jsonl(path: Path, docs: Sequence[str], field: str = "text") -> Path:
     return path
 
 
+def write_lmdb(root: Path, records: int, *, base: int, spread: int) -> str:
+    """An LMDB database ``root/db`` of ``records`` keys ``k00000, ...``; value ``i`` is
+    ``base + i % spread`` copies of byte ``i % 256``. Returns its path."""
+    import lmdb
+
+    env = lmdb.open(str(root / "db"), map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        for i in range(records):
+            txn.put(f"k{i:05d}".encode(), bytes([i % 256]) * (base + i % spread))
+    env.close()
+    return str(root / "db")
+
+
 def write_parquet(path: Path, docs: Sequence[str], *, row_group_size: int = 50) -> Path:
     """A Parquet file with a ``text`` column in several row groups."""
     table = pa.table({"id": list(range(len(docs))), "text": list(docs)})

@@ -19,7 +19,7 @@ from shardstream.shard_builder.importers import ImportConfig, build_import
 from shardstream.shard_builder.importers.formats import get_format
 from shardstream.shard_builder.importers.source import SourceUnit
 from shardstream.storage import open_store
-from tests.builder.conftest import dir_bytes
+from tests.builder.conftest import dir_bytes, write_lmdb
 from tests.builder.test_resume import _kill_when
 from tests.fixtures.s3 import S3Bucket
 
@@ -27,12 +27,7 @@ SMALL = {"shard_size": 6 * 1024, "allow_small_shards": True, "progress": False}
 
 
 def _lmdb(root: Path) -> str:
-    env = lmdb.open(str(root / "db"), map_size=1 << 26)
-    with env.begin(write=True) as txn:
-        for i in range(300):
-            txn.put(f"k{i:05d}".encode(), bytes([i % 256]) * (50 + i % 170))
-    env.close()
-    return str(root / "db")
+    return write_lmdb(root, 300, base=50, spread=170)
 
 
 def _tfrecord(root: Path) -> str:

@@ -7,24 +7,18 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import lmdb
 import pytest
 
 from shardstream.errors import InputError
 from shardstream.mds import write_samples
 from shardstream.shard_builder.importers import ImportConfig, build, build_import
-from tests.builder.conftest import dir_bytes
+from tests.builder.conftest import dir_bytes, write_lmdb
 
 SMALL = {"shard_size": 6 * 1024, "allow_small_shards": True, "progress": False}
 
 
 def _source(root: Path) -> str:
-    env = lmdb.open(str(root / "db"), map_size=1 << 26)
-    with env.begin(write=True) as txn:
-        for i in range(900):
-            txn.put(f"k{i:05d}".encode(), bytes([i % 256]) * (40 + i % 120))
-    env.close()
-    return str(root / "db")
+    return write_lmdb(root, 900, base=40, spread=120)
 
 
 def _writers() -> list[str]:
