@@ -1,6 +1,7 @@
 """SIGKILL mid-epoch and exact resume while reading by range through the cloud emulator.
 
-Two ranks x two DataLoader workers read a dataset with small digest blocks through the
+Two ranks x two DataLoader workers read a dataset with small digest blocks (and piece
+tables, so each process's first batch is read by piece) through the
 emulator (latency, per-connection bandwidth, cut bodies and 503s injected), in the
 cacheless mode and in the ranged cache mode. The job is SIGKILLed mid-epoch and resumed
 from its per-rank ``state_dict``: every rank's consumed sequence must equal the
@@ -34,10 +35,11 @@ CKPT_EVERY = 10
 
 
 def _write(out: Path) -> None:
-    """The harness's id dataset, in shards of ~10 KB with 4 KiB digest blocks, so that
-    every shard is read in several ranged requests."""
+    """The harness's id dataset, in shards of ~10 KB with 8 KiB digest blocks and 4 KiB
+    pieces, so that every shard is read in several ranged requests and every fresh process
+    (each worker, each resumed attempt) reads its first batch by piece."""
     tokens = expected_tokens(np.arange(N, dtype=np.int64))
-    with MDSWriter(out, COLUMNS, size_limit=10_000, block_size=4096) as writer:
+    with MDSWriter(out, COLUMNS, size_limit=10_000, block_size=8192, piece_size=4096) as writer:
         for i in range(N):
             writer.write({"id": i, "tokens": tokens[i]})
 
