@@ -127,7 +127,7 @@ class BlockDemand:
             if isinstance(place, PartialShard) and self.ranged(shard):
                 place.request_header()  # every header in flight at once, not one after another
                 if (by_piece or shard in self._piece_shards) and place.request_pieces(idx):
-                    pieces.add(shard)  # its blocks come with later batches that want them
+                    pieces.add(shard)  # its blocks are requested once the chunk is out
         for (shard, idx), where in zip(groups, places, strict=True):
             if shard in pieces:
                 continue
