@@ -31,7 +31,6 @@ from shardstream.client.range_queue import URGENT, RangeQueue
 from shardstream.client.ranges import coalesce
 from shardstream.errors import StorageError
 from shardstream.mds import PieceSpec, PieceTable, ShardInfo, ShardReader
-from shardstream.mds._blocks import blocks_of_spans
 from shardstream.storage import ObjectStore
 
 __all__ = ["PieceReads"]
@@ -122,17 +121,20 @@ class PieceReads:
     def _pieces_of(self, offsets: I64, local: npt.ArrayLike) -> I64:
         assert self._piece_spec is not None
         idx = np.asarray(local, dtype=np.int64).reshape(-1)
-        base = self._piece_spec.data_start
-        return blocks_of_spans(
-            offsets[idx] - base, offsets[idx + 1] - base, self._piece_spec.piece_size
-        )
+        return self._piece_spec.of_spans(offsets[idx], offsets[idx + 1])
 
-    def _blocks_hold(self, pieces: I64) -> npt.NDArray[np.bool_]:
-        """Whether the blocks that ``pieces`` lie in are all present (``_cond`` held)."""
+    def _block_span(self, pieces: I64) -> tuple[I64, I64]:
+        """The first and last block each of ``pieces`` lies in (a piece is never larger
+        than a block, so these are all of them)."""
         assert self._piece_spec is not None
         size, base = self._piece_spec.piece_size, self._piece_spec.data_start
         lo = (base + pieces * size) // self.block_size
         hi = (np.minimum(base + (pieces + 1) * size, self.size) - 1) // self.block_size
+        return lo, hi
+
+    def _blocks_hold(self, pieces: I64) -> npt.NDArray[np.bool_]:
+        """Whether the blocks that ``pieces`` lie in are all present (``_cond`` held)."""
+        lo, hi = self._block_span(pieces)
         held: npt.NDArray[np.bool_] = (self.state[lo] == _PRESENT) & (self.state[hi] == _PRESENT)
         return held
 
@@ -185,7 +187,5 @@ class PieceReads:
 
     def _blocks_of(self, first: int, last: int) -> I64:
         """The blocks that pieces ``first..last`` lie in."""
-        assert self._piece_spec is not None
-        size, base = self._piece_spec.piece_size, self._piece_spec.data_start
-        end = min(base + (last + 1) * size, self.size)
-        return np.arange((base + first * size) // self.block_size, (end - 1) // self.block_size + 1)
+        lo, hi = self._block_span(np.array([first, last], dtype=np.int64))
+        return np.arange(int(lo[0]), int(hi[1]) + 1, dtype=np.int64)

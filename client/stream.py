@@ -32,7 +32,7 @@ from shardstream.client.sample_transform import SampleStage, SampleTransform
 from shardstream.client.source import ResolvedSource
 from shardstream.client.state import ReaderState
 from shardstream.errors import ConfigError, PlanError, ResumeError
-from shardstream.mds import ShardReader
+from shardstream.mds import ShardInfo, ShardReader
 
 __all__ = ["BatchStream", "BatchTransform"]
 
@@ -288,17 +288,17 @@ class BatchStream:
 
     def _pieces(self, shard: int) -> int:
         """Pieces in ``shard``'s piece table (0: it has none)."""
-        for src in self.sources:
-            if shard < len(src.shards):
-                spec = src.shards[shard].piece_spec
-                return spec.pieces if spec is not None else 0
-            shard -= len(src.shards)
-        raise IndexError(shard)
+        spec = self._shard_info(shard).piece_spec
+        return spec.pieces if spec is not None else 0
 
     def _block_bytes(self, shard: int) -> int:
+        return block_size_of(self._shard_info(shard))
+
+    def _shard_info(self, shard: int) -> ShardInfo:
+        """The index entry of global shard number ``shard`` (sources in order)."""
         for src in self.sources:
             if shard < len(src.shards):
-                return block_size_of(src.shards[shard])
+                return src.shards[shard]
             shard -= len(src.shards)
         raise IndexError(shard)
 

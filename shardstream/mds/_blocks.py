@@ -87,6 +87,11 @@ def is_digests_key(key: str) -> bool:
     return key.startswith((_PREFIX, _HEADER_PREFIX, "pieces:"))
 
 
+def is_lower_hex(text: str) -> bool:
+    """Whether ``text`` is all lowercase hex digits (how digests are written)."""
+    return _HEX.fullmatch(text) is not None
+
+
 def header_key(algo: str, length: int) -> str:
     """The ``raw_data.hashes`` key of the header digest, e.g. ``header:xxh3_64:65620``."""
     return f"{_HEADER_PREFIX}{algo}:{length}"
@@ -222,7 +227,7 @@ def parse_header_digest(hashes: Mapping[str, str], size: int, where: str) -> Hea
             f"{size}-byte file"
         )
     value = hashes[key]
-    if not isinstance(value, str) or len(value) != width or not _HEX.fullmatch(value):
+    if not isinstance(value, str) or len(value) != width or not is_lower_hex(value):
         raise FormatError(
             f"{where}: field 'hashes' entry {key!r} must be {width} lowercase hex digits"
         )
@@ -389,7 +394,7 @@ def verify_range(shard: ShardInfo, offset: int, data: Buffer) -> None:
         actual = one_shot(chunk) if one_shot else hash_bytes(digests.algo, chunk)
         expected = digests.digest(first + k)
         if actual != expected:
-            if not _HEX.fullmatch(expected):
+            if not is_lower_hex(expected):
                 raise FormatError(
                     f"shard {name}: field 'hashes' entry {digests.key!r} holds a digest that "
                     f"is not lowercase hex ({expected!r})"

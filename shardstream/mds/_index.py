@@ -106,7 +106,7 @@ class ShardInfo:
         if self.compression is not None:
             return None
         raw = self.raw_data
-        return parse_piece_spec(raw.hashes, raw.bytes, raw.basename)
+        return parse_piece_spec(raw.hashes, raw.bytes, raw.basename, self.header_digest)
 
     @property
     def columns(self) -> dict[str, str]:
@@ -359,8 +359,8 @@ def _parse_shard(obj: Any, where: str, seen: dict[_Columns, _Columns] | None = N
     if (zip_data is None) != (compression is None):
         raise FormatError(f"{where}: zip_data must be given exactly when compression is set")
     parse_block_digests(raw.hashes, raw.bytes, f"{where}: raw_data")
-    parse_header_digest(raw.hashes, raw.bytes, f"{where}: raw_data")
-    parse_piece_spec(raw.hashes, raw.bytes, f"{where}: raw_data")
+    head = parse_header_digest(raw.hashes, raw.bytes, f"{where}: raw_data")
+    parse_piece_spec(raw.hashes, raw.bytes, f"{where}: raw_data", head)
     return ShardInfo(
         column_encodings=encodings,
         column_names=names,

@@ -37,10 +37,11 @@ from shardstream.errors import CorruptShardError, FormatError
 from shardstream.mds._blocks import (
     MIN_BLOCK_SIZE,
     Buffer,
+    HeaderDigest,
     blocks_of_spans,
     checked_size,
     digest_key_of,
-    parse_header_digest,
+    is_lower_hex,
 )
 
 __all__ = [
@@ -122,15 +123,23 @@ class PieceSpec(NamedTuple):
         """Bytes ``[start, end)`` of the table in the file (the end of the header)."""
         return self.data_start - self.pieces * _WIDTH, self.data_start
 
+    def of_spans(self, starts: I64, ends: I64) -> I64:
+        """Sorted unique pieces covering the byte spans ``[starts[i], ends[i])`` (file
+        offsets at or past the header; empty spans cover nothing)."""
+        base = self.data_start
+        return blocks_of_spans(starts - base, ends - base, self.piece_size)
 
-def parse_piece_spec(hashes: Mapping[str, str], size: int, where: str) -> PieceSpec | None:
-    """The piece table's place among a file's ``hashes`` (``None`` if it has none);
+
+def parse_piece_spec(
+    hashes: Mapping[str, str], size: int, where: str, head: HeaderDigest | None
+) -> PieceSpec | None:
+    """The piece table's place among a file's ``hashes`` (``None`` if it has none), given
+    the file's header digest (``parse_header_digest`` of the same ``hashes``);
     :class:`FormatError` naming the field for a malformed entry."""
     found = digest_key_of(hashes, PIECES_PREFIX, "piece tables", "piece size", where)
     if found is None:
         return None
     key, algo, _, piece_size = found
-    head = parse_header_digest(hashes, size, where)
     if algo != PIECE_ALGO or head is None or piece_size < MIN_BLOCK_SIZE:
         raise FormatError(
             f"{where}: field 'hashes' key {key!r}: a piece table needs {PIECE_ALGO}, a piece "
@@ -143,13 +152,9 @@ def parse_piece_spec(hashes: Mapping[str, str], size: int, where: str) -> PieceS
             f"{head.length}-byte header"
         )
     value = hashes[key]
-    if not isinstance(value, str) or len(value) != 16 or not _is_hex(value):
+    if not isinstance(value, str) or len(value) != 16 or not is_lower_hex(value):
         raise FormatError(f"{where}: field 'hashes' entry {key!r} must be 16 lowercase hex digits")
     return PieceSpec(piece_size, head.length, count, value)
-
-
-def _is_hex(text: str) -> bool:
-    return all(c in "0123456789abcdef" for c in text)
 
 
 class PieceTable:
@@ -165,17 +170,6 @@ class PieceTable:
             )
         self.spec, self.name, self.file_size = spec, name, file_size
         self._table = table
-
-    @property
-    def count(self) -> int:
-        """Pieces of the shard's sample data."""
-        return self.spec.pieces
-
-    def of_spans(self, starts: I64, ends: I64) -> I64:
-        """Sorted unique pieces covering the byte spans ``[starts[i], ends[i])`` (file
-        offsets at or past the header; empty spans cover nothing)."""
-        base = self.spec.data_start
-        return blocks_of_spans(starts - base, ends - base, self.spec.piece_size)
 
     def span(self, first: int, last: int) -> tuple[int, int]:
         """File bytes ``[start, end)`` of pieces ``first..last`` (inclusive)."""
