@@ -66,6 +66,23 @@ def _run_until(args: list[str], done: Callable[[], bool], cwd: Path) -> subproce
     return proc
 
 
+def _lose_worker_node_midway(
+    args: list[str], url: str, cwd: Path, cluster: RayCluster, timeout: float
+) -> tuple[int, str]:
+    """Run the build until 15 shards are journaled, kill the cluster's second node (its
+    raylet and workers, as a lost machine), and return the build's exit code and stderr
+    once it ends; the node is started again either way."""
+    proc = _run_until(args, lambda: len(_journal(url)) >= 15, cwd)
+    try:
+        cluster.kill_worker_node()
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        cluster.start_worker_node()
+    return proc.returncode, err.decode()
+
+
 def _rerun(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(
@@ -163,16 +180,8 @@ def test_worker_node_lost_fails_clearly_then_rerun_resumes(
     url = f"{s3_bucket.url}/corpus"
     args = _cli("text", str(corpus), *SMALL, "--ray", ray_cluster.address, "--output", url)
     args += ["--ray-retries", "0"]  # stop at the loss (the default resumes by itself)
-    proc = _run_until(args, lambda: len(_journal(url)) >= 15, tmp_path)
-    try:
-        ray_cluster.kill_worker_node()  # the second raylet and its workers, as a lost machine
-        _, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        ray_cluster.start_worker_node()
-    message = err.decode()
-    assert proc.returncode == 1, message
+    returncode, message = _lose_worker_node_midway(args, url, tmp_path, ray_cluster, 180)
+    assert returncode == 1, message
     assert "shardstream: error: a Ray worker or its node was lost" in message
     assert "run the same command again to resume" in message
     assert "Traceback" not in message
@@ -193,16 +202,8 @@ def test_worker_node_lost_build_resumes_by_itself_on_the_nodes_left(
     corpus = write_jsonl(tmp_path / "corpus.jsonl", make_docs(6000, seed=44, max_words=120))
     url = f"{s3_bucket.url}/corpus"
     args = _cli("text", str(corpus), *SMALL, "--ray", ray_cluster.address, "--output", url)
-    proc = _run_until(args, lambda: len(_journal(url)) >= 15, tmp_path)
-    try:
-        ray_cluster.kill_worker_node()
-        _, err = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        ray_cluster.start_worker_node()
-    message = err.decode()
-    assert proc.returncode == 0, message
+    returncode, message = _lose_worker_node_midway(args, url, tmp_path, ray_cluster, 240)
+    assert returncode == 0, message
     assert "a Ray worker or its node was lost" in message
     assert "resuming from the journal (attempt 2 of 3)" in message
     assert "shards reused from an earlier run" in message
