@@ -81,7 +81,10 @@ def piece_table(parts: Sequence[Buffer], piece_size: int) -> bytes:
 
     A shard's samples often come as tens of thousands of small parts; the parts of each
     piece are joined and hashed at once (a few numpy calls per shard, one join per piece),
-    not fed to a hasher one part at a time."""
+    not fed to a hasher one part at a time. Only the piece's own bytes are joined (the
+    first and last parts trimmed to it): parts can also be a few slices of tens of MB (an
+    import's units), and joining them whole for every piece copied the shard a thousand
+    times over."""
     views = [memoryview(part).cast("B") for part in parts]
     if len(views) == 1:
         data = views[0]
@@ -98,9 +101,13 @@ def piece_table(parts: Sequence[Buffer], piece_size: int) -> bytes:
     stop = np.searchsorted(starts, np.minimum(lows + piece_size, total), side="left")
     digests = []
     for low, a, b in zip(lows.tolist(), first.tolist(), stop.tolist(), strict=True):
-        skip = low - int(starts[a])
-        joined = memoryview(b"".join(views[a:b]))[skip : skip + piece_size]
-        digests.append(xxhash.xxh3_64_digest(joined))
+        skip, high = low - int(starts[a]), min(low + piece_size, total)
+        if b - a == 1:  # within one part: hashed in place
+            digests.append(xxhash.xxh3_64_digest(views[a][skip : skip + high - low]))
+            continue
+        last = views[b - 1]
+        body = [views[a][skip:], *views[a + 1 : b - 1], last[: high - int(starts[b - 1])]]
+        digests.append(xxhash.xxh3_64_digest(b"".join(body)))
     return b"".join(digests)
 
 
