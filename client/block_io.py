@@ -18,6 +18,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from shardstream.client.ranges import coalesce
 from shardstream.errors import CorruptShardError, HashMismatchError, ShardstreamError
 from shardstream.mds import PieceTable, ShardInfo
 from shardstream.storage import ObjectStore
@@ -76,7 +79,6 @@ def read_peer_blocks(
 
     first, last = blocks
     size = info.raw_data.bytes
-    start, end = first * block_size, min((last + 1) * block_size, size)
     found: dict[int, bytes] = {}
     for path in peers:
         try:
@@ -84,24 +86,31 @@ def read_peer_blocks(
         except OSError:
             continue  # published or abandoned meanwhile
         try:
-            data = os.pread(fd, end - start, start)
+            wanted = [b for b in range(first, last + 1) if b not in found]
+            with_data = np.asarray(
+                _blocks_with_data(fd, wanted, block_size, size)
+                if not os.environ.get("XX_NOSEEK")
+                else wanted,
+                np.int64,
+            )
+            for a, b in coalesce(with_data, len(wanted)):
+                start, end = a * block_size, min((b + 1) * block_size, size)
+                data = os.pread(fd, end - start, start)
+                view = memoryview(data)
+                for block in range(a, b + 1):
+                    at = block * block_size - start
+                    piece = view[at : min(at + block_size, end - start)]
+                    if len(piece) != min(block_size, size - block * block_size):
+                        break  # the peer's file ends before this block: not there yet
+                    try:
+                        verify_range(info, start + at, piece)
+                    except CorruptShardError:
+                        continue  # not there yet
+                    found[block] = data if len(piece) == len(data) else piece.tobytes()
         except OSError:
             continue
         finally:
             os.close(fd)
-        view = memoryview(data)
-        for block in range(first, last + 1):
-            if block in found:
-                continue
-            a = block * block_size - start
-            piece = view[a : min(a + block_size, end - start)]
-            if len(piece) != min(block_size, size - block * block_size):
-                break  # the peer's file ends before this block: not there yet
-            try:
-                verify_range(info, start + a, piece)
-            except CorruptShardError:
-                continue  # not there yet
-            found[block] = piece.tobytes()
         if len(found) == last - first + 1:
             break
     if found:
@@ -109,7 +118,26 @@ def read_peer_blocks(
     return found
 
 
-def offer_to_peers(peers: Sequence[Path], data: bytes, start: int) -> None:
+def _blocks_with_data(fd: int, blocks: list[int], block_size: int, size: int) -> list[int]:
+    """Those of ``blocks`` whose bytes in file ``fd`` are not all a hole (``SEEK_DATA``).
+
+    A peer's download file is sparse: the blocks nobody wrote yet are holes, and reading
+    them would copy megabytes of zeros only to fail their digests. Asking the file system
+    where its data lies costs a system call per run of data instead."""
+    with_data: list[int] = []
+    for block in blocks:
+        start = block * block_size
+        end = min(start + block_size, size)
+        try:
+            data_at = os.lseek(fd, start, os.SEEK_DATA)
+        except OSError:  # ENXIO: no data from here to the end of the file
+            break
+        if data_at < end:
+            with_data.append(block)
+    return with_data
+
+
+def offer_to_peers(peers: Sequence[Path], data: bytes | bytearray, start: int) -> None:
     """Write verified bytes this process fetched into the node's in-flight download files
     of the same shard, so that their fills find them there instead of fetching them again
     (identical bytes at the same offsets: harmless wherever the file is by now). A
@@ -138,20 +166,22 @@ def read_verified(
     *,
     stats: BlockStats,
     verify: bool,
-) -> bytes:
+) -> bytes | bytearray:
     """Bytes ``[start, end)`` of shard ``key``, checked against its block digests when
     ``verify`` (fetched again when corrupt; :class:`HashMismatchError` after
     :data:`VERIFY_ATTEMPTS` corrupt fetches)."""
     from shardstream.mds import verify_range  # with block digests (mds >= blocks)
 
-    def check(data: bytes) -> None:
+    def check(data: bytes | bytearray) -> None:
         if verify:
             verify_range(info, start, data)
 
     return _read_checked(store, key, info, (start, end), check, stats=stats)
 
 
-def read_header(store: ObjectStore, key: str, info: ShardInfo, *, stats: BlockStats) -> bytes:
+def read_header(
+    store: ObjectStore, key: str, info: ShardInfo, *, stats: BlockStats
+) -> bytes | bytearray:
     """The header bytes of shard ``key`` alone, checked against the index's header digest
     (fetched again when corrupt, as :func:`read_verified`)."""
     digest = info.header_digest
@@ -171,7 +201,7 @@ def read_pieces(
     pieces: tuple[int, int],
     *,
     stats: BlockStats,
-) -> tuple[int, bytes]:
+) -> tuple[int, bytes | bytearray]:
     """``(offset, bytes)`` of pieces ``first..last`` (inclusive) of shard ``key``, checked
     against the piece table of its verified header (fetched again when corrupt, as
     :func:`read_verified`)."""
@@ -187,10 +217,10 @@ def _read_checked(
     key: str,
     info: ShardInfo,
     span: tuple[int, int],
-    check: Callable[[bytes], None],
+    check: Callable[[bytes | bytearray], None],
     *,
     stats: BlockStats,
-) -> bytes:
+) -> bytes | bytearray:
     size, (start, end) = info.raw_data.bytes, span
     for attempt in range(1, VERIFY_ATTEMPTS + 1):
         data = store.read_range(key, start, end, expected_size=size)
@@ -209,7 +239,7 @@ def _read_checked(
     raise AssertionError("unreachable")
 
 
-def pwrite_all(fd: int, data: bytes, offset: int) -> None:
+def pwrite_all(fd: int, data: bytes | bytearray, offset: int) -> None:
     view = memoryview(data)
     while view:
         written = os.pwrite(fd, view, offset)

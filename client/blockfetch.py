@@ -260,7 +260,7 @@ class PartialShard(PieceReads):
     def _fetch_claimed(self, first: int, last: int) -> None:
         """Blocks ``first..last``: each from a peer's file where one holds it verified, the
         rest from the store (coalesced); all written into this shard's file."""
-        pieces: list[tuple[int, bytes]] = []
+        pieces: list[tuple[int, bytes | bytearray]] = []
         missing = np.arange(first, last + 1, dtype=np.int64)
         if self._digests is not None:  # verified blocks only
             if self.peers is not None:
@@ -396,6 +396,12 @@ class PartialShard(PieceReads):
     def complete(self) -> bool:
         """Whether every block is present."""
         return bool((self.state == PRESENT).all())
+
+    @property
+    def verified_on_arrival(self) -> bool:
+        """Whether every block is checked against its digest before it is marked present
+        (the index has block digests): a complete file then holds verified bytes only."""
+        return self._digests is not None
 
     def verify_whole(self) -> None:
         """Check the complete file against the shard's whole-file hash (blocks that were

@@ -52,15 +52,26 @@ from shardstream.client._filelock import lock_path, pin_file, unlink_and_close
 from shardstream.client.cache_keys import CacheLayout, key_to_name, leaf_name
 from shardstream.client.cache_lease import CacheStats, ShardLease
 from shardstream.client.cache_space import CacheSpace
-from shardstream.client.verify import Identity, TrustedFiles, file_identity, first_digest
+from shardstream.client.verify import (
+    Identity,
+    TrustedFiles,
+    file_identity,
+    first_digest,
+    vouched_digest,
+)
 from shardstream.errors import ConfigError, CorruptShardError
 
 __all__ = ["CacheStats", "Fetch", "ShardCache", "ShardLease"]
 
 log = logging.getLogger(__name__)
 
-Fetch = Callable[[Path], None]
-"""Writes the final (verified, uncompressed) bytes of a shard to the path it is given."""
+Fetch = Callable[[Path], "bool | None"]
+"""Writes the final (verified, uncompressed) bytes of a shard to the path it is given.
+
+It returns ``True`` when it checked every byte it wrote against the shard's published
+digests (the per-block digests of a ranged fill, or the file hash of a whole download):
+the cache then records the verified marker without reading and hashing the file again.
+Any other return value (``None``) has the cache hash the new file before publishing it."""
 
 
 class _ProcessState:
@@ -324,9 +335,9 @@ class ShardCache:
             fd = -1
             try:
                 target = res.tmp_dir / leaf_name(key)
-                fetch(target)
+                vouched = fetch(target) is True
                 fd, st = _pin_new(target, key, size)
-                verdict = first_digest(fd, st, hashes)
+                verdict = (vouched and vouched_digest(st, hashes)) or first_digest(fd, st, hashes)
                 if not verdict.ok or verdict.marker is None:
                     raise CorruptShardError(
                         f"shard {key!r}: the bytes fetched from its source do not match its "

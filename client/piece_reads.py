@@ -81,7 +81,7 @@ class PieceReads:
         self._piece_spec = spec
         self.piece_state = np.zeros(spec.pieces if spec else 0, dtype=np.int8)
 
-    def _learn_pieces(self, header: bytes) -> None:
+    def _learn_pieces(self, header: bytes | bytearray) -> None:
         """Parse the piece table from the shard's verified ``header`` bytes."""
         if self._piece_spec is not None:
             self._piece_table = PieceTable(

@@ -27,6 +27,7 @@ from shardstream.client.blockfetch import BlockStats, PartialShard
 from shardstream.client.memory_source import block_size_of, check_budget
 from shardstream.client.range_queue import FILL
 from shardstream.client.source import ResolvedSource
+from shardstream.hashing import choose_verify_algo
 from shardstream.mds import ShardReader, decompress_shard
 
 if TYPE_CHECKING:
@@ -38,21 +39,25 @@ if TYPE_CHECKING:
 __all__ = ["ShardFills", "adopt", "fetch_shard", "source_connections"]
 
 
-def fetch_shard(source: ResolvedSource, shard: int, dest: Path) -> None:
-    """Download shard ``shard`` of ``source`` to ``dest`` verified and uncompressed."""
+def fetch_shard(source: ResolvedSource, shard: int, dest: Path) -> bool:
+    """Download shard ``shard`` of ``source`` to ``dest`` verified and uncompressed.
+
+    Returns whether the download checked the bytes of ``dest`` against a published hash
+    (an uncompressed shard with one): the cache need not hash them again."""
     info = source.shards[shard]
     key = source.keys[shard]
     stored = info.stored
     store = source.store()
     if info.compression is None:
         store.download(key, dest, expected_size=stored.bytes, expected_hashes=stored.hashes)
-        return
+        return choose_verify_algo(stored.hashes) is not None
     packed = dest.with_name(dest.name + ".packed")
     try:
         store.download(key, packed, expected_size=stored.bytes, expected_hashes=stored.hashes)
         decompress_shard(packed, dest, info.compression, expected_size=info.raw_data.bytes)
     finally:
         packed.unlink(missing_ok=True)
+    return False  # the packed bytes were checked; the cache hashes the shard itself
 
 
 class ShardFills:
@@ -72,16 +77,17 @@ class ShardFills:
         _memory_get: Callable[[], MemoryShards]
 
     @staticmethod
-    def _whole(source: ResolvedSource, local: int) -> Callable[[Path], None]:
+    def _whole(source: ResolvedSource, local: int) -> Callable[[Path], bool]:
         return lambda p: fetch_shard(source, local, p)
 
     def _fill_into(
         self, shard: int, started: threading.Event | None = None
-    ) -> Callable[[Path], None]:
+    ) -> Callable[[Path], bool]:
         """The cache's fetch function for a ranged shard: fill ``target`` block by block
-        (demand first), verify, and let the cache publish it."""
+        (demand first), verify, and let the cache publish it (without hashing it again
+        where every block was checked against its digest on arrival)."""
 
-        def fill(target: Path) -> None:
+        def fill(target: Path) -> bool:
             source, local = self.locate(shard)
             info = source.shards[local]
             fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
@@ -131,6 +137,7 @@ class ShardFills:
             if self._memory is not None:
                 self._memory.drop(shard)
             peers.release(node_key)
+            return partial.verified_on_arrival
 
         return fill
 

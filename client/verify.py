@@ -45,6 +45,7 @@ __all__ = [
     "first_digest",
     "judge",
     "read_marker",
+    "vouched_digest",
     "write_marker",
 ]
 
@@ -172,6 +173,16 @@ def first_digest(fd: int, st: os.stat_result, hashes: Mapping[str, str]) -> Verd
     if choose_verify_algo(hashes) is not None:
         return judge(fd, st, hashes, None)
     return Verdict(True, Marker(_LOCAL_ALGO, digest_fd(fd, _LOCAL_ALGO), file_identity(st)), "")
+
+
+def vouched_digest(st: os.stat_result, hashes: Mapping[str, str]) -> Verdict | None:
+    """The verdict on a freshly fetched file whose fetch checked every byte against the
+    published digests: the published hash the cache would check (as :func:`first_digest`
+    chooses it), recorded without reading the file; ``None`` when there is no such hash."""
+    algo = choose_verify_algo(hashes)
+    if algo is None:
+        return None
+    return Verdict(True, Marker(algo, hashes[algo], file_identity(st)), "")
 
 
 _MEMO_SIZE = 65536

@@ -52,7 +52,7 @@ class ObjectStore(ABC):
 
     def read_range(
         self, key: str, start: int, end: int, *, expected_size: int | None = None
-    ) -> bytes:
+    ) -> bytes | bytearray:
         """Bytes ``start .. end - 1`` of the object (one ranged read, retried and resumed).
 
         ``expected_size`` is the object's recorded size: an object of another size raises

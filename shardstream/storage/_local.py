@@ -52,7 +52,7 @@ class LocalStore(ObjectStore):
 
     def read_range(
         self, key: str, start: int, end: int, *, expected_size: int | None = None
-    ) -> bytes:
+    ) -> bytes | bytearray:
         """``pread`` of bytes ``start .. end - 1``."""
         path, what = self._path(key), self._describe(key)
         if not 0 <= start <= end:

@@ -6,6 +6,7 @@ import base64
 import contextlib
 import functools
 import hashlib
+import http.client
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -127,7 +128,15 @@ class S3Store(RemoteStore):
             first, total = 0, int(resp["ContentLength"])
         body = resp["Body"]
         chunks = _chunks(body, what)
-        return RangeBody(first, total, resp.get("ETag"), chunks, body.close, ranged=bool(match))
+        return RangeBody(
+            first,
+            total,
+            resp.get("ETag"),
+            chunks,
+            body.close,
+            ranged=bool(match),
+            readinto=_direct_reader(body, what),
+        )
 
     def size(self, key: str) -> int | None:
         """``ContentLength`` from HEAD, or ``None`` if the object does not exist."""
@@ -254,6 +263,31 @@ class S3Store(RemoteStore):
 def _chunks(body: Any, what: str) -> Iterator[bytes]:
     with storage_errors(what):
         yield from body.iter_chunks(_CHUNK)
+
+
+def _direct_reader(body: Any, what: str) -> Callable[[memoryview], int] | None:
+    """``readinto`` straight from the response's socket file (``http.client``), bypassing
+    urllib3's chunk objects and botocore's copy of each; ``None`` where the body is encoded
+    or the client's internals are not the ones this was written against.
+
+    The connection goes back to urllib3's pool once the body has been read to its end (as
+    urllib3 does itself); a body cut short leaves it to ``close``, which drops it."""
+    raw = getattr(body, "_raw_stream", None)
+    fp = getattr(raw, "_fp", None)
+    release = getattr(raw, "release_conn", None)
+    if not isinstance(fp, http.client.HTTPResponse) or release is None:
+        return None
+    if fp.getheader("content-encoding", "identity") != "identity":
+        return None
+
+    def readinto(view: memoryview) -> int:
+        with storage_errors(what):
+            got = fp.readinto(view)
+        if fp.length == 0 and fp.isclosed():
+            release()  # read to its end: the connection serves the next request
+        return got
+
+    return readinto
 
 
 def _md5(data: bytes) -> str:

@@ -163,6 +163,43 @@ def test_a_bad_source_raises_a_clear_error_and_caches_nothing(tmp_path: Path) ->
     )
 
 
+def test_a_fetch_that_verified_its_bytes_is_not_hashed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fetch that returns True checked every byte against the published digests (a
+    ranged fill whose blocks all matched theirs, a whole download checked against the file
+    hash): the cache publishes it without reading it again, under a marker holding the
+    published digest that other processes trust. Any other fetch is hashed."""
+    import shardstream.client.verify as verify
+
+    hashed: list[str] = []
+    real = verify.digest_fd
+
+    def counting(fd: int, algo: str) -> str:
+        hashed.append(algo)
+        return real(fd, algo)
+
+    monkeypatch.setattr(verify, "digest_fd", counting)
+    cache = ShardCache(tmp_path)
+
+    def vouching(key: str) -> Any:
+        return lambda tmp: tmp.write_bytes(published(key)) and True
+
+    cache.prefetch("v1/a", vouching("v1/a"), size=SIZE, hashes=hashes_of("v1/a"))
+    assert hashed == []
+    marker = read_marker(tmp_path / "verified" / f"{key_to_name('v1/a')}.ok")
+    assert marker is not None and marker.digest == hashes_of("v1/a")["xxh3_64"]
+    assert lease_elsewhere(tmp_path, "v1/a") == (True, 0, 0)  # trusted, not fetched again
+
+    cache.prefetch(
+        "v1/b", lambda t: t.write_bytes(published("v1/b")), size=SIZE, hashes=hashes_of("v1/b")
+    )
+    assert hashed == ["xxh3_64"]
+    # Vouched but with no published hash to record: its own digest is taken.
+    cache.prefetch("v1/c", vouching("v1/c"), size=SIZE, hashes={})
+    assert len(hashed) == 2
+
+
 # -- through the dataset ------------------------------------------------------------------
 
 

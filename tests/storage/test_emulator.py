@@ -255,3 +255,40 @@ def test_injected_slowdown_and_stalls(client: Client, cloud_emulator: CloudEmula
     assert time.perf_counter() - t0 >= 0.3
     stats = cloud_emulator.stats()
     assert (stats["injected_slowdowns"], stats["stalls"]) == (1, 1)
+
+
+def test_ranged_reads_keep_their_connection_and_survive_cuts(
+    s3_bucket: S3Bucket, cloud_emulator: CloudEmulator
+) -> None:
+    """S3 ranged reads land straight in their buffer (``_direct_reader``): a body read to
+    its end hands the connection back for the next request, a cut one is dropped and the
+    read resumes where it stopped, with the same bytes."""
+    opts = StorageOptions(
+        endpoint_url=cloud_emulator.endpoint_url,
+        max_connections=1,
+        retries=20,
+        backoff_base_s=0.01,
+        backoff_max_s=0.05,
+    )
+    store = S3Store(s3_bucket.name, "direct", opts)
+    data = os.urandom(3 * MiB + 11)
+    store.write_bytes("d.bin", data)
+    body = store._get_range("d.bin", 0, 9, None)  # the installed botocore allows it
+    assert body.readinto is not None
+    body.close()
+    cloud_emulator.configure(latency_s=0.0)
+    cloud_emulator.reset()
+    spans = [(i * 300 * KiB, min((i + 1) * 300 * KiB + 5, len(data))) for i in range(11)]
+    for start, end in spans:
+        assert store.read_range("d.bin", start, end) == data[start:end]
+    stats = cloud_emulator.stats()
+    # One connection serves them all (the second is the PUT's, replaced after it).
+    assert stats["requests"] == len(spans) and stats["connections"] <= 2, stats
+
+    cloud_emulator.configure(faults={"cut_rate": 0.5})
+    cloud_emulator.reset()
+    for start, end in spans:
+        assert store.read_range("d.bin", start, end) == data[start:end]
+    stats = cloud_emulator.stats()
+    assert stats["cuts"] >= 2, stats
+    assert stats["connections"] >= stats["cuts"]  # a cut connection is never reused
