@@ -153,7 +153,8 @@ class _Packer:
         bad = [(unit.first + number, b) for number, b in done.bad]
         steps = np.cumsum(done.sizes + 4)  # bytes each sample adds to a shard, cumulated
         offsets = np.concatenate(([0], np.cumsum(done.sizes)))
-        data = done.payload()
+        buffers = done.payload()
+        ends = np.cumsum([len(b) for b in buffers], dtype=np.int64)
         pos = 0
         while pos < n:
             base = int(steps[pos - 1]) if pos else 0
@@ -164,7 +165,7 @@ class _Packer:
                     continue
                 end = pos + 1  # too big for any shard: it gets one of its own
             self._sizes.append(done.sizes[pos:end])
-            self._parts.append(data[int(offsets[pos]) : int(offsets[end])])
+            self._parts.extend(_slices(buffers, ends, int(offsets[pos]), int(offsets[end])))
             self._count += end - pos
             self._bytes += int(steps[end - 1]) - base
             pos = end
@@ -315,6 +316,21 @@ def build_import(config: ImportConfig) -> BuildResult:
     return completed_result(
         sink, index, metadata, config=config, reused_shards=len(finished), started=started
     )
+
+
+def _slices(
+    buffers: list[memoryview], ends: np.ndarray[Any, Any], lo: int, hi: int
+) -> list[memoryview]:
+    """Bytes ``[lo, hi)`` of the concatenation of ``buffers`` (``ends``: where each ends in
+    it), as slices of the buffers."""
+    out = []
+    i = int(np.searchsorted(ends, lo, side="right"))
+    while lo < hi:
+        start = int(ends[i]) - len(buffers[i])
+        stop = min(hi, int(ends[i]))
+        out.append(buffers[i][lo - start : stop - start])
+        lo, i = stop, i + 1
+    return out
 
 
 def _start(units: list[tuple[int, SourceUnit]], position: list[int]) -> tuple[int, int]:

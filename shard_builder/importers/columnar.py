@@ -36,6 +36,7 @@ GROUP_RECORDS = 256
 """Records per batch grouped from a format's records: each is a dict and tuples, and
 holding fewer of them at once costs less garbage-collector time (measured on TFRecord)."""
 
+_BYTES = {bytes, memoryview}  # a format's views of its own buffers are bytes here
 _MAX_SIZE = 1 << 32  # a variable-size column's size is a uint32 in the record header
 _DTYPE = attrgetter("dtype")
 _SHAPE = attrgetter("shape")
@@ -140,7 +141,7 @@ def _column(codec: Codec, values: Sequence[Any], n: int) -> Column | None:
             return _block(np.ascontiguousarray(values), n)
         values = list(values)
     types = set(map(type, values))
-    if types == {bytes}:  # passed through as they are, whatever the encoding
+    if types <= _BYTES:  # passed through as they are, whatever the encoding
         return _sized(codec, values, n)
     if types == {str} and codec.encoding == "str":
         try:
@@ -161,7 +162,7 @@ def _column(codec: Codec, values: Sequence[Any], n: int) -> Column | None:
             return None  # the per-record encoder names the record of the wrong shape
     encode = codec.encode
     try:
-        pieces = [v if type(v) is bytes else encode(v) for v in values]
+        pieces = [v if type(v) in _BYTES else encode(v) for v in values]
     except InputError:
         return None
     return _sized(codec, pieces, n)

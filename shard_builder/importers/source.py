@@ -58,7 +58,10 @@ class Batch:
     values)`` with one value per record (a list, or an array stacked on axis 0); it is
     ``None`` when the records' layouts differ, and ``rows`` then holds them as records.
     ``where(i)`` names record ``i`` for an error message: built only when one is needed,
-    since formatting it for every record costs as much as encoding the record.
+    since formatting it for every record costs as much as encoding the record. A ``bytes``
+    value may be a ``memoryview`` of the format's own buffer (an LMDB page, a TFRecord
+    file's bytes): it is valid until the format reads its next batch, and it is bytes in
+    every other respect (:meth:`records` copies it out).
     """
 
     count: int
@@ -73,7 +76,10 @@ class Batch:
             return
         columns = self.columns
         for i in range(self.count):
-            yield self.where(i), {name: (enc, values[i]) for name, (enc, values) in columns.items()}
+            yield (
+                self.where(i),
+                {name: (enc, _own(values[i])) for name, (enc, values) in columns.items()},
+            )
 
     def tail(self, start: int) -> Batch:
         """The batch without its first ``start`` records."""
@@ -84,6 +90,11 @@ class Batch:
             None if columns is None else {n: (e, v[start:]) for n, (e, v) in columns.items()},
             self.rows[start:],
         )
+
+
+def _own(value: Any) -> Any:
+    """``value``, with a view of a format's buffer copied out (records outlive the batch)."""
+    return bytes(value) if type(value) is memoryview else value
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,10 @@ import mmap
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+
+Buffer = bytes | memoryview
 
 _IOV_MAX = 1024  # pieces per writev (Linux's IOV_MAX)
 SPOOL_DIR = ".shardstream-build/spool"  # under the build's local staging folder
@@ -34,19 +37,37 @@ def clear_spool(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def write_spool(folder: str, pieces: list[bytes]) -> str:
-    """Write the concatenation of ``pieces`` to a new file in ``folder``; its path."""
-    fd, path = tempfile.mkstemp(prefix="unit-", suffix=".bin", dir=folder)
-    try:
+class SpoolWriter:
+    """A new spool file in ``folder``, written a list of pieces at a time (``writev``
+    straight from the pieces: a batch's encoded bytes are never joined in the worker)."""
+
+    def __init__(self, folder: str) -> None:
+        self.fd, self.path = tempfile.mkstemp(prefix="unit-", suffix=".bin", dir=folder)
+
+    def write(self, pieces: Sequence[Buffer]) -> None:
+        """Append the concatenation of ``pieces``."""
         for i in range(0, len(pieces), _IOV_MAX):
             batch = pieces[i : i + _IOV_MAX]
-            written = os.writev(fd, batch)
-            rest = memoryview(b"".join(batch))[written:] if written < sum(map(len, batch)) else b""
+            written = os.writev(self.fd, batch)
+            total = sum(map(len, batch))
+            rest = memoryview(b"".join(batch))[written:] if written < total else b""
             while rest:  # a short write (rare on a regular file): finish it
-                rest = rest[os.write(fd, rest) :]
+                rest = rest[os.write(self.fd, rest) :]
+
+    def close(self) -> str:
+        """Close the file; its path."""
+        os.close(self.fd)
+        return self.path
+
+
+def write_spool(folder: str, pieces: Sequence[Buffer]) -> str:
+    """Write the concatenation of ``pieces`` to a new file in ``folder``; its path."""
+    writer = SpoolWriter(folder)
+    try:
+        writer.write(pieces)
     finally:
-        os.close(fd)
-    return path
+        writer.close()
+    return writer.path
 
 
 def map_spool(path: str) -> memoryview:

@@ -11,6 +11,7 @@ ways give the same bytes, so which one ran changes no output byte.
 from __future__ import annotations
 
 import operator
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,7 @@ from shardstream.mds import get_codec, make_parts_encoder
 from shardstream.shard_builder.importers.columnar import batches_of, encode_batch
 from shardstream.shard_builder.importers.formats import get_format
 from shardstream.shard_builder.importers.source import Batch, SourceUnit
-from shardstream.shard_builder.importers.spool import map_spool, write_spool
+from shardstream.shard_builder.importers.spool import SpoolWriter, map_spool
 from shardstream.shard_builder.result import BadInput
 
 Schema = tuple[tuple[str, str], ...]  # (column, MDS encoding), sorted by column
@@ -41,17 +42,18 @@ class UnitTask:
 
 @dataclass(frozen=True)
 class EncodedUnit:
-    """One unit's encoded samples, back to back (``sizes[i]`` bytes each): in ``data``, or
-    in the spool file ``spool`` when a worker process encoded them."""
+    """One unit's encoded samples, back to back (``sizes[i]`` bytes each): in ``chunks``
+    (one per batch), or in the spool file ``spool`` when a worker process encoded them."""
 
     numbers: np.ndarray[Any, Any]  # record number within the unit of each sample (int64)
     sizes: np.ndarray[Any, Any]  # encoded bytes of each sample (int64)
-    data: bytes
+    chunks: list[bytes]
     spool: str
     bad: list[tuple[int, BadInput]]  # (record number, what and why)
 
-    def payload(self) -> memoryview:
-        return map_spool(self.spool) if self.spool else memoryview(self.data)
+    def payload(self) -> list[memoryview]:
+        """The samples' bytes, in order, as the buffers that hold them."""
+        return [map_spool(self.spool)] if self.spool else [memoryview(c) for c in self.chunks]
 
 
 def schema_of(sample: dict[str, tuple[str, Any]]) -> Schema:
@@ -67,15 +69,25 @@ class _UnitEncoder:
     """A unit's samples as they are encoded: sizes and record numbers (in arrays, one per
     batch), the pieces of their bytes, and the bad records."""
 
-    def __init__(self, columns: Schema) -> None:
+    def __init__(self, columns: Schema, spool: str) -> None:
         self.columns = columns
         self.codecs = tuple((name, get_codec(enc)) for name, enc in columns)  # sorted by name
         self.encode = make_parts_encoder(dict(columns))
         self.layouts: set[tuple[str, ...]] = set()  # (names..., encodings...) already checked
         self.numbers: list[np.ndarray[Any, Any]] = []
         self.sizes: list[np.ndarray[Any, Any]] = []
-        self.parts: list[Any] = []
+        self.chunks: list[bytes] = []
+        self.spool = SpoolWriter(spool) if spool else None
         self.bad: list[tuple[int, BadInput]] = []
+
+    def _store(self, pieces: list[Any]) -> None:
+        """Keep one batch's encoded bytes: joined into one chunk, or appended to the spool
+        file. Either copies the pieces before the next batch is read, so a format may hand
+        out values that are views of its own buffers, valid only until then."""
+        if self.spool is not None:
+            self.spool.write(pieces)
+        elif pieces:
+            self.chunks.append(b"".join(pieces))
 
     def add_batch(self, first: int, batch: Batch) -> None:
         """Add ``batch``, whose records are numbered from ``first`` in the unit."""
@@ -86,7 +98,7 @@ class _UnitEncoder:
                 pieces, sizes = encoded
                 self.numbers.append(np.arange(first, first + batch.count, dtype=np.int64))
                 self.sizes.append(sizes)
-                self.parts.extend(pieces)
+                self._store(pieces)
                 return
         self.add_records(first, batch.records())
 
@@ -94,6 +106,7 @@ class _UnitEncoder:
         """Add ``records`` one at a time (numbered from ``first``)."""
         numbers: list[int] = []
         sizes: list[int] = []
+        parts: list[Any] = []
         for number, (where, sample) in enumerate(records, first):
             # A format yields its columns in the same order record after record: checking
             # that order against the known good ones takes one tuple, not a sort per record.
@@ -112,31 +125,40 @@ class _UnitEncoder:
                 continue
             numbers.append(number)
             sizes.append(size)
-            self.parts.extend(pieces)
+            parts.extend(pieces)
         self.numbers.append(np.array(numbers, np.int64))
         self.sizes.append(np.array(sizes, np.int64))
+        self._store(parts)
 
-    def finish(self, spool: str) -> EncodedUnit:
+    def finish(self) -> EncodedUnit:
         numbers = np.concatenate(self.numbers) if self.numbers else np.zeros(0, np.int64)
         sizes = np.concatenate(self.sizes) if self.sizes else np.zeros(0, np.int64)
-        if spool:
-            return EncodedUnit(numbers, sizes, b"", write_spool(spool, self.parts), self.bad)
-        return EncodedUnit(numbers, sizes, b"".join(self.parts), "", self.bad)
+        spool = self.spool.close() if self.spool is not None else ""
+        return EncodedUnit(numbers, sizes, self.chunks, spool, self.bad)
+
+    def abandon(self) -> None:
+        """Close and remove the spool file of a unit that failed."""
+        if self.spool is not None:
+            os.unlink(self.spool.close())
 
 
 def encode_unit(task: UnitTask) -> EncodedUnit:
     """Worker: read one unit, check every record against the schema, encode it."""
     fmt = get_format(task.format)
-    out = _UnitEncoder(task.columns)
+    out = _UnitEncoder(task.columns, task.spool)
     if fmt.read_batches is not None:
         batches = fmt.read_batches(task.unit)
     else:
         batches = batches_of(fmt.read(task.unit))
     first = 0
-    for batch in batches:
-        end = first + batch.count
-        if end > task.skip:
-            start = max(0, task.skip - first)
-            out.add_batch(first + start, batch.tail(start) if start else batch)
-        first = end
-    return out.finish(task.spool)
+    try:
+        for batch in batches:
+            end = first + batch.count
+            if end > task.skip:
+                start = max(0, task.skip - first)
+                out.add_batch(first + start, batch.tail(start) if start else batch)
+            first = end
+    except BaseException:
+        out.abandon()
+        raise
+    return out.finish()
