@@ -25,6 +25,7 @@ from shardstream.mds import Codec, get_codec, make_parts_encoder
 from shardstream.shard_builder.importers import ImportConfig, build_import, unit
 from shardstream.shard_builder.importers import litdata as litdata_format
 from shardstream.shard_builder.importers import lmdb as lmdb_format
+from shardstream.shard_builder.importers import tfrecord as tfrecord_format
 from shardstream.shard_builder.importers.columnar import batches_of, columnize, encode_batch
 from shardstream.shard_builder.importers.source import Batch, Record
 from tests.builder.conftest import dir_bytes
@@ -93,6 +94,18 @@ def test_bulk_bytes_are_the_per_record_bytes(case: tuple[dict[str, str], Batch])
     schema, batch = case
     want = _one_by_one(schema, batch)
     got = encode_batch(_codecs(schema), batch)
+    # Bytes as views of a format's buffer (LMDB pages, TFRecord files): the same outcome.
+    assert batch.columns is not None
+    views = {
+        name: (enc, [memoryview(v) if type(v) is bytes else v for v in values])
+        for name, (enc, values) in batch.columns.items()
+    }
+    got_views = encode_batch(_codecs(schema), Batch(batch.count, str, views))
+    assert _one_by_one(schema, Batch(batch.count, str, views)) == want
+    assert (got_views is None) == (got is None)
+    if got is not None and got_views is not None:
+        assert b"".join(got_views[0]) == b"".join(got[0])
+        assert got_views[1].tolist() == got[1].tolist()
     if got is None:
         return  # declined: the caller encodes record by record (and names the bad ones)
     # Never accepts what the per-record encoder refuses, and then gives its bytes exactly.
@@ -225,7 +238,7 @@ def test_imports_are_the_same_bytes_in_bulk_and_record_by_record(
 
     bulk = run("bulk")
     with monkeypatch.context() as patch:  # the format's records, grouped by the build
-        for module in (lmdb_format, litdata_format):
+        for module in (lmdb_format, litdata_format, tfrecord_format):
             patch.setattr(module, "FORMAT", replace(module.FORMAT, read_batches=None))
         grouped = run("grouped")
     with monkeypatch.context() as patch:  # every record on its own
