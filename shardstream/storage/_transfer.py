@@ -286,6 +286,11 @@ class RemoteStore(ObjectStore):
                     out[at : at + len(data)] = data
                     cursor.offset += len(data)
                 if cursor.offset > cursor.end:
+                    if body.ranged:
+                        # Step the body past its end, so the client sees it read whole and
+                        # keeps the connection for the next request (httpx closes a
+                        # connection whose body was left unread: a TLS handshake a GET).
+                        next(body.chunks, None)
                     break
         finally:
             body.close()
