@@ -54,6 +54,10 @@ from shardstream.mds._pieces import (
 from shardstream.mds._sample import parse_columns
 
 _MAX_BYTES = 1 << 32  # offsets are uint32
+# Bytes fed to every hasher (and the file) in turn: small enough to stay in the CPU's
+# cache from one hasher to the next. With 4 MiB steps each hasher read the step from
+# memory again, and hashing a shard took up to twice as long.
+_HASH_STEP = 256 << 10
 
 
 def normalize_hashes(hashes: Sequence[str]) -> tuple[str, ...]:
@@ -308,13 +312,18 @@ def _store(
         with os.fdopen(fd, "wb") as fh:
             # Uncompressed: hash and write part by part, never joining the shard in memory.
             for part in parts:
-                if zip_info is None:
+                if zip_info is not None:
+                    fh.write(part)
+                    continue
+                view = memoryview(part).cast("B") if len(part) > _HASH_STEP else part
+                for at in range(0, len(view), _HASH_STEP):
+                    step = view[at : at + _HASH_STEP] if view is not part else part
                     for hasher in raw_hashers.values():
-                        hasher.update(part)
+                        hasher.update(step)
                     if blocks is not None and header is not None:
-                        blocks.update(part)
-                        header.update(part)
-                fh.write(part)
+                        blocks.update(step)
+                        header.update(step)
+                    fh.write(step)
             size = fh.tell()
         os.replace(tmp, target)
     except BaseException:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 import pytest
 import xxhash
 
 from shardstream.errors import ConfigError
+from shardstream.hashing import hash_file
 from shardstream.mds._pieces import check_piece_size, piece_table
+from shardstream.mds._shard import shard_config, write_samples
 
 
 def _reference(data: bytes, piece_size: int) -> bytes:
@@ -38,3 +42,34 @@ def test_piece_sizes_are_checked() -> None:
     for bad in (0, 1024, 1 << 32, True, 4096.0):
         with pytest.raises(ConfigError, match="piece_size"):
             check_piece_size(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_shard_is_the_same_file_and_digests_however_its_samples_are_split(
+    seed: int, tmp_path: Path
+) -> None:
+    # Big parts are hashed and written in steps, small ones whole: no byte may move.
+    rng = random.Random(seed)
+    sizes = [rng.choice([0, 5, 4096, 70_000, 300_000]) for _ in range(40)]
+    samples = [rng.randbytes(size) for size in sizes]
+    template = shard_config({"x": "bytes"}, compression=None, hashes=("sha1", "xxh3_64"),
+                            size_limit=None)  # fmt: skip
+    data = b"".join(samples)
+    cut = sorted(rng.sample(range(len(data)), 5))
+    splits = {
+        "per sample": samples,
+        "whole": [data],
+        "few slices": [
+            memoryview(data)[a:b] for a, b in zip([0, *cut], [*cut, len(data)], strict=True)
+        ],
+    }
+    files, infos = set(), []
+    for name, parts in splits.items():
+        info = write_samples(tmp_path / name, "shard.00000.mds", template, sizes, parts)
+        path = tmp_path / name / "shard.00000.mds"
+        files.add(path.read_bytes())
+        assert hash_file(["sha1", "xxh3_64"], path) == {
+            a: info.raw_data.hashes[a] for a in ("sha1", "xxh3_64")
+        }
+        infos.append(info)
+    assert len(files) == 1 and len({json.dumps(i.raw_data.hashes) for i in infos}) == 1
