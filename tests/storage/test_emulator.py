@@ -214,24 +214,33 @@ def test_objects_behave_like_moto_through_the_mirror(
     assert status == 404 and b"NoSuchKey" in body
 
 
-def test_boto3_and_presigned_clients_survive_the_faults(
-    s3_bucket: S3Bucket, cloud_emulator: CloudEmulator, tmp_path: Path
-) -> None:
+def _stores(
+    bucket: S3Bucket, emulator: CloudEmulator, prefix: str, *, max_connections: int, retries: int
+) -> tuple[S3Store, HTTPStore]:
+    """(an S3 store through the emulator, a presigned-URL store over the same objects),
+    retrying quickly."""
     opts = StorageOptions(
-        endpoint_url=cloud_emulator.endpoint_url,
+        endpoint_url=emulator.endpoint_url,
         part_size=256 * KiB,
-        max_connections=4,
-        retries=12,
+        max_connections=max_connections,
+        retries=retries,
         backoff_base_s=0.01,
         backoff_max_s=0.05,
     )
-    store = S3Store(s3_bucket.name, "f", opts)
+    store = S3Store(bucket.name, prefix, opts)
+    presigned = HTTPStore(lambda keys: {k: store.presign_get(k, 600) for k in keys}, options=opts)
+    return store, presigned
+
+
+def test_boto3_and_presigned_clients_survive_the_faults(
+    s3_bucket: S3Bucket, cloud_emulator: CloudEmulator, tmp_path: Path
+) -> None:
+    store, presigned = _stores(s3_bucket, cloud_emulator, "f", max_connections=4, retries=12)
     data = os.urandom(2 * MiB + 7)
     store.write_bytes("s.bin", data)  # PUT through the emulator
     hashes = {"xxh3_64": hash_bytes("xxh3_64", data)}
     cloud_emulator.configure(faults={"error_rate": 0.2, "cut_rate": 0.3}, slowdown_rate=0.05)
     store.download("s.bin", tmp_path / "a.bin", expected_size=len(data), expected_hashes=hashes)
-    presigned = HTTPStore(lambda keys: {k: store.presign_get(k, 600) for k in keys}, options=opts)
     presigned.download("s.bin", tmp_path / "b.bin", expected_size=len(data), expected_hashes=hashes)
     assert (tmp_path / "a.bin").read_bytes() == (tmp_path / "b.bin").read_bytes() == data
     stats = cloud_emulator.stats()
@@ -263,14 +272,7 @@ def test_ranged_reads_keep_their_connection_and_survive_cuts(
     """S3 ranged reads land straight in their buffer (``_direct_reader``): a body read to
     its end hands the connection back for the next request, a cut one is dropped and the
     read resumes where it stopped, with the same bytes."""
-    opts = StorageOptions(
-        endpoint_url=cloud_emulator.endpoint_url,
-        max_connections=1,
-        retries=20,
-        backoff_base_s=0.01,
-        backoff_max_s=0.05,
-    )
-    store = S3Store(s3_bucket.name, "direct", opts)
+    store, presigned = _stores(s3_bucket, cloud_emulator, "direct", max_connections=1, retries=20)
     data = os.urandom(3 * MiB + 11)
     store.write_bytes("d.bin", data)
     body = store._get_range("d.bin", 0, 9, None)  # the installed botocore allows it
@@ -286,7 +288,6 @@ def test_ranged_reads_keep_their_connection_and_survive_cuts(
     assert stats["requests"] == len(spans) and stats["connections"] <= 2, stats
 
     # Presigned URLs (httpx) keep theirs too: each body is read to its end.
-    presigned = HTTPStore(lambda keys: {k: store.presign_get(k, 600) for k in keys}, options=opts)
     presigned.read_range("d.bin", 0, 1)
     cloud_emulator.reset()
     for start, end in spans:
