@@ -1,11 +1,11 @@
 """``build_import``: samples from a format module -> MDS shards, with the builder's guarantees.
 
 Worker processes read input units (files, or parts of big files: see
-:mod:`.source`) in parallel and encode their samples into one buffer per unit, a batch of
-records at a time (:mod:`.unit`, :mod:`.columnar`); results come
+:mod:`.source`) in parallel and encode their samples a batch of records at a time, into
+one buffer per batch (:mod:`.unit`, :mod:`.columnar`); results come
 back in unit order, and shard boundaries are cut from the samples' sizes alone, so they never
-depend on scheduling or on the worker count. Each shard is then written from a few large
-slices of those buffers (one hash update and one write per slice, not per sample). The
+depend on scheduling or on the worker count. Each shard is then written from slices of
+those buffers (a few hash updates and writes per slice, not per sample). The
 schema (column -> MDS encoding) is taken from the first sample and checked on every
 sample: a sample with other columns or encodings stops the import naming the file and
 key, or is skipped and counted with ``skip_bad``. After every stored shard the journal

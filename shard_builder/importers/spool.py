@@ -60,16 +60,6 @@ class SpoolWriter:
         return self.path
 
 
-def write_spool(folder: str, pieces: Sequence[Buffer]) -> str:
-    """Write the concatenation of ``pieces`` to a new file in ``folder``; its path."""
-    writer = SpoolWriter(folder)
-    try:
-        writer.write(pieces)
-    finally:
-        writer.close()
-    return writer.path
-
-
 def map_spool(path: str) -> memoryview:
     """The bytes of the spool file at ``path``, mapped read-only; the file is unlinked."""
     with open(path, "rb") as fh:
