@@ -87,12 +87,7 @@ def read_peer_blocks(
             continue  # published or abandoned meanwhile
         try:
             wanted = [b for b in range(first, last + 1) if b not in found]
-            with_data = np.asarray(
-                _blocks_with_data(fd, wanted, block_size, size)
-                if not os.environ.get("XX_NOSEEK")
-                else wanted,
-                np.int64,
-            )
+            with_data = np.asarray(_blocks_with_data(fd, wanted, block_size, size), np.int64)
             for a, b in coalesce(with_data, len(wanted)):
                 start, end = a * block_size, min((b + 1) * block_size, size)
                 data = os.pread(fd, end - start, start)
@@ -123,7 +118,7 @@ def _blocks_with_data(fd: int, blocks: list[int], block_size: int, size: int) ->
 
     A peer's download file is sparse: the blocks nobody wrote yet are holes, and reading
     them would copy megabytes of zeros only to fail their digests. Asking the file system
-    where its data lies costs a system call per run of data instead."""
+    where its data lies costs one ``lseek`` per block instead."""
     with_data: list[int] = []
     for block in blocks:
         start = block * block_size

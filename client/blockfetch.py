@@ -406,7 +406,7 @@ class PartialShard(PieceReads):
     def verify_whole(self) -> None:
         """Check the complete file against the shard's whole-file hash (blocks that were
         not digest-verified on arrival); :class:`HashMismatchError` if it differs."""
-        if self._digests is None and self.info.raw_data.hashes:
+        if not self.verified_on_arrival and self.info.raw_data.hashes:
             verify_file(self.path, self.info.raw_data.hashes, what=self.key)
 
     def evict(self, blocks: npt.NDArray[np.int64]) -> int:
