@@ -268,8 +268,7 @@ class RemoteStore(ObjectStore):
                     f"{what}: bytes up to {cursor.end} asked, the object has "
                     f"{body.total_size}; it is shorter than its index entry says"
                 )
-            skip = cursor.offset - body.start  # a server that ignored Range sends from 0
-            if body.readinto is not None and skip == 0:
+            if body.readinto is not None and cursor.offset == body.start:
                 view = memoryview(out)
                 while cursor.offset <= cursor.end:
                     got = body.readinto(view[cursor.offset - base : cursor.end + 1 - base])
@@ -277,21 +276,10 @@ class RemoteStore(ObjectStore):
                         break
                     cursor.offset += got
                 return
-            for received in body.chunks:
-                cut = min(skip, len(received))
-                skip -= cut
-                data = received[cut : cut + cursor.end + 1 - cursor.offset]
-                if data:
-                    at = cursor.offset - base
-                    out[at : at + len(data)] = data
-                    cursor.offset += len(data)
-                if cursor.offset > cursor.end:
-                    if body.ranged:
-                        # Step the body past its end, so the client sees it read whole and
-                        # keeps the connection for the next request (httpx closes a
-                        # connection whose body was left unread: a TLS handshake a GET).
-                        next(body.chunks, None)
-                    break
+            for data in _wanted(body, cursor):
+                at = cursor.offset - base
+                out[at : at + len(data)] = data
+                cursor.offset += len(data)
         finally:
             body.close()
 
@@ -312,6 +300,27 @@ class _Cursor:
 
     offset: int
     end: int
+
+
+def _wanted(body: RangeBody, cursor: _Cursor) -> Iterator[bytes]:
+    """The body's bytes from ``cursor.offset`` through ``cursor.end``, in order; the caller
+    advances ``cursor.offset`` past each before taking the next.
+
+    What a server that ignored Range sent before the offset is skipped. Once the last
+    wanted byte is out, a ranged body is stepped past its end, so that the client sees it
+    read whole and keeps the connection for the next request (httpx closes a connection
+    whose body was left unread: a TLS handshake a GET)."""
+    skip = cursor.offset - body.start
+    for received in body.chunks:
+        cut = min(skip, len(received))
+        skip -= cut
+        data = received[cut : cut + cursor.end + 1 - cursor.offset]
+        if data:
+            yield data
+        if cursor.offset > cursor.end:
+            if body.ranged:
+                next(body.chunks, None)
+            return
 
 
 class _Transfer:
@@ -377,15 +386,10 @@ class _Transfer:
             elif body.total_size != self.total:
                 raise StorageError(f"{self.what} changed size while downloading; retry later")
             cursor.end = min(cursor.end, body.total_size - 1)
-            skip = cursor.offset - body.start  # a server that ignored Range sends from byte 0
-            for received in body.chunks:
-                cut = min(skip, len(received))
-                skip -= cut
-                data = received[cut : cut + cursor.end + 1 - cursor.offset]
-                if data:
-                    self._write(cursor.offset, data)
-                    cursor.offset += len(data)
-                if cursor.offset > cursor.end or self.stop.is_set():
+            for data in _wanted(body, cursor):
+                self._write(cursor.offset, data)
+                cursor.offset += len(data)
+                if self.stop.is_set():
                     break
         finally:
             body.close()

@@ -267,7 +267,7 @@ def test_injected_slowdown_and_stalls(client: Client, cloud_emulator: CloudEmula
 
 
 def test_ranged_reads_keep_their_connection_and_survive_cuts(
-    s3_bucket: S3Bucket, cloud_emulator: CloudEmulator
+    s3_bucket: S3Bucket, cloud_emulator: CloudEmulator, tmp_path: Path
 ) -> None:
     """S3 ranged reads land straight in their buffer (``_direct_reader``): a body read to
     its end hands the connection back for the next request, a cut one is dropped and the
@@ -294,6 +294,12 @@ def test_ranged_reads_keep_their_connection_and_survive_cuts(
         assert presigned.read_range("d.bin", start, end) == data[start:end]
     stats = cloud_emulator.stats()
     assert stats["requests"] == len(spans) and stats["connections"] <= 1, stats
+    # And so does a whole download in parts (13 parts of 256 KiB, one at a time).
+    cloud_emulator.reset()
+    presigned.download("d.bin", tmp_path / "d.bin", expected_size=len(data))
+    assert (tmp_path / "d.bin").read_bytes() == data
+    stats = cloud_emulator.stats()
+    assert stats["requests"] == 13 and stats["connections"] <= 1, stats
 
     cloud_emulator.configure(faults={"cut_rate": 0.5})
     for reader in (store, presigned):
