@@ -54,11 +54,15 @@ def plan(inputs: tuple[str, ...], option: str = "") -> list[SourceUnit]:
 
 
 def _open(path: str) -> Any:
+    """The database, read-only, with the kernel's readahead: entries are read in key order,
+    and without readahead every 4 KiB page of a cold file is a disk read of its own (a cold
+    import of 160 MB took 5.3 s instead of 0.6 s). The key scan of :func:`split` wants it
+    too: LMDB reads the first page of every big value beside its key."""
     import lmdb
 
     try:
         return lmdb.open(
-            path, readonly=True, lock=False, subdir=os.path.isdir(path), readahead=False
+            path, readonly=True, lock=False, subdir=os.path.isdir(path), readahead=True
         )
     except lmdb.Error as exc:
         raise InputError(f"{path}: cannot open the LMDB database ({exc})") from exc

@@ -89,3 +89,30 @@ def test_pickled_values_load_with_allow_pickle(tmp_path: Path) -> None:
     )  # fmt: skip
     with pytest.raises(InputError, match=r"bad key b'a': the unpickled value is a builtins.set"):
         build_import(bad)
+
+
+def test_a_cold_database_is_read_with_readahead(tmp_path: Path) -> None:
+    """Entries are read in key order from a memory map: with the kernel's readahead a cold
+    file comes in large reads; without it, every 4 KiB page is a disk read of its own (the
+    import of a cold 160 MB database took 5.3 s instead of 0.6 s)."""
+    import os
+    import resource
+
+    rng = np.random.default_rng(5)
+    _write(tmp_path / "db", {f"k{i:05d}".encode(): rng.bytes(8192) for i in range(3000)})
+    data = tmp_path / "db" / "data.mdb"
+    pages = data.stat().st_size // 4096
+    fd = os.open(data, os.O_RDONLY)
+    try:  # out of the page cache, as a database on disk that nothing has read yet
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+    config = ImportConfig(
+        format="lmdb", inputs=(str(tmp_path / "db"),), output=str(tmp_path / "out"),
+        workers=1, **SMALL,
+    )  # fmt: skip
+    assert build_import(config).samples == 3000
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - before
+    assert faults < pages // 8, f"{faults} disk reads for {pages} pages"
