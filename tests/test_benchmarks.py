@@ -98,12 +98,15 @@ def test_cloud_read_runs_every_reader_through_the_emulator(tmp_path: Path) -> No
 
 
 @pytest.mark.timeout(300)
-def test_import_formats_compares_every_format_with_its_library() -> None:
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "import_formats.py"), "--samples", "300"]
-    cmd += ["--payload", "256"]
+@pytest.mark.parametrize("cold", [False, True], ids=["warm", "cold"])
+def test_import_compares_every_format_with_its_library(cold: bool) -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "import.py"), "--samples", "300"]
+    cmd += ["--payload", "256", "--repeat", "1", *(["--cold"] if cold else [])]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=280, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = [line.split() for line in done.stdout.splitlines()[2:] if line.strip()]
+    head, _, *lines = done.stdout.splitlines()
+    assert ("source on disk (cold)" in head) == cold, head
+    rows = [line.split() for line in lines if line.strip()]
     assert sorted({r[0] for r in rows}) == ["litdata", "lmdb", "tfrecord", "webdataset"]
     assert all(r[-1].endswith("x") and float(r[-1][:-1]) > 0 for r in rows), done.stdout
 

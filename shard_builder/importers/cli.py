@@ -61,7 +61,16 @@ def register(subparsers: Any) -> None:
 
 
 def _run_import(args: argparse.Namespace) -> int:
+    from shardstream.errors import ConfigError
     from shardstream.shard_builder.importers.build import ImportConfig, build_import
+
+    if args.ray:
+        # Accepted by the shared output options, so refused here rather than ignored: an
+        # import that quietly ran on one machine would look like a cluster import.
+        raise ConfigError(
+            "--ray: imports run on this machine's cores (--workers N, default all); "
+            "Ray clusters build `shardstream build text|images --ray` only"
+        )
 
     def build(output: str) -> Any:
         config = ImportConfig(

@@ -50,3 +50,16 @@ def test_unknown_format_is_refused_by_the_parser(tmp_path: Path) -> None:
         text=True,
     )
     assert run.returncode == 2 and "invalid choice: 'petastorm'" in run.stderr
+
+
+def test_ray_is_refused_rather_than_ignored(tmp_path: Path) -> None:
+    pattern = _write(tmp_path / "wds", _samples(20), per_shard=10)
+    run = subprocess.run(
+        _cli("webdataset", pattern, "--output", str(tmp_path / "o"), "--ray", "local"),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode != 0 and "--ray: imports run on this machine's cores" in run.stderr
+    assert not (tmp_path / "o" / "index.json").exists()
