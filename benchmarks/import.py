@@ -1,10 +1,12 @@
 """Import throughput: ``shardstream import`` beside reading the same source with its own library.
 
 For each format a source is generated here with that format's own writer
-(``webdataset.ShardWriter``, ``tfrecord.TFRecordWriter``, ``lmdb``, ``litdata.optimize``):
+(``webdataset.ShardWriter``, ``tfrecord.TFRecordWriter``, ``lmdb``,
+``datasets.Dataset.save_to_disk``, ``litdata.optimize``):
 samples of a small JPEG-sized byte payload, an int label and a text caption. "library read"
 iterates every record with the format's library alone (WebDataset without decoders,
-``tfrecord_loader``, an LMDB cursor, LitData's ``StreamingDataset`` in order), yielding
+``tfrecord_loader``, an LMDB cursor, iterating ``datasets.load_from_disk``, LitData's
+``StreamingDataset`` in order), yielding
 what a user of that library gets (bytes, numpy arrays, decoded items); "import" is the
 whole ``build_import`` (read, schema check, encode, write shards with hashes) with 1
 worker and with all cores. The ratio import / library read is what the issue asks to keep
@@ -120,6 +122,25 @@ def _lmdb(root: Path, n: int, size: int) -> tuple[str, Callable[[], int]]:
     return str(root / "db"), read
 
 
+def _hf(root: Path, n: int, size: int) -> tuple[str, Callable[[], int]]:
+    import datasets
+
+    datasets.disable_progress_bars()
+    rng = np.random.default_rng(0)
+    columns = {
+        "bin": [_payload(rng, size) for _ in range(n)],
+        "cls": [i % 1000 for i in range(n)],
+        "txt": [f"caption {i}" for i in range(n)],
+    }
+    datasets.Dataset.from_dict(columns).save_to_disk(str(root / "hf"))
+    del columns
+
+    def read() -> int:
+        return sum(1 for _ in datasets.load_from_disk(str(root / "hf")))
+
+    return str(root / "hf"), read
+
+
 def _litdata_item(size: int, i: int) -> dict[str, object]:
     rng = np.random.default_rng(i)
     return {"bin": _payload(rng, size), "cls": i % 1000, "txt": f"caption {i}"}
@@ -211,7 +232,7 @@ def main() -> None:
     parser.add_argument(
         "--shard-mb", type=int, default=64, help="shard size (the smallest the builder allows)"
     )
-    parser.add_argument("--formats", default="webdataset,tfrecord,lmdb,litdata")
+    parser.add_argument("--formats", default="webdataset,tfrecord,lmdb,hf,litdata")
     parser.add_argument(
         "--cold", action="store_true", help="drop the source from the page cache before each run"
     )
@@ -227,7 +248,13 @@ def main() -> None:
         f"{'format':<12}{'reader':<30}{'records/s':>12}{'MB/s':>9}{'CPU s':>8}"
         f"{'vs library':>12}{'vs floor':>10}{'vs write':>10}"
     )
-    makers = {"webdataset": _webdataset, "tfrecord": _tfrecord, "lmdb": _lmdb, "litdata": _litdata}
+    makers = {
+        "webdataset": _webdataset,
+        "tfrecord": _tfrecord,
+        "lmdb": _lmdb,
+        "hf": _hf,
+        "litdata": _litdata,
+    }
     for name in args.formats.split(","):
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp) / "src"

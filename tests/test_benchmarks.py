@@ -107,7 +107,7 @@ def test_import_compares_every_format_with_its_library(cold: bool) -> None:
     head, _, *lines = done.stdout.splitlines()
     assert ("source on disk (cold)" in head) == cold, head
     rows = [line.split() for line in lines if line.strip()]
-    assert sorted({r[0] for r in rows}) == ["litdata", "lmdb", "tfrecord", "webdataset"]
+    assert sorted({r[0] for r in rows}) == ["hf", "litdata", "lmdb", "tfrecord", "webdataset"]
     assert all(r[-1].endswith("x") and float(r[-1][:-1]) > 0 for r in rows), done.stdout
 
 

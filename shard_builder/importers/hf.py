@@ -8,19 +8,31 @@ encoded image bytes (``jpeg``/``png`` when every value is one, else ``bytes``),
 ints/floats -> ndarray, string -> str, int -> int, float -> float64, bool -> int,
 anything else -> json. Loading by Hub name is not supported: save the dataset to disk
 first (``datasets.load_dataset(...).save_to_disk(path)``).
+
+Record batches are read as columns where every value of a column maps to one plain
+encoding (strings, binaries, ints, bools, floats, without nulls): binaries and strings as
+views of the Arrow buffers (no Python object per value), numbers as one numpy array. Any
+other batch (images, lists, structs, nulls) goes row by row, as :func:`read` gives it.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from shardstream.errors import InputError
-from shardstream.shard_builder.importers.source import Column, ImportFormat, Record, SourceUnit
+from shardstream.shard_builder.importers.source import (
+    Batch,
+    Column,
+    ImportFormat,
+    Record,
+    SourceUnit,
+)
 from shardstream.shard_builder.inputs import resolve_inputs
 
 _SUFFIXES = (".arrow", ".parquet", ".pq")
@@ -114,18 +126,81 @@ def _column(feature: dict[str, Any], value: Any) -> Column:
     return "json", value
 
 
+def _records(path: str, batch: Any, features: dict[str, Any], first: int) -> Iterator[Record]:
+    for row, sample in enumerate(batch.to_pylist(), first):
+        where = f"{path} row {row}"
+        try:
+            yield where, {k: _column(features.get(k, {}), v) for k, v in sample.items()}
+        except (ValueError, TypeError) as exc:
+            raise InputError(f"{where}: {exc}") from exc
+
+
 def read(unit: SourceUnit) -> Iterator[Record]:
     schema, batches = _batches(unit.path)
     features = features_of(schema)
     row = 0
     for batch in batches:
-        for sample in batch.to_pylist():
-            where = f"{unit.path} row {row}"
+        yield from _records(unit.path, batch, features, row)
+        row += batch.num_rows
+
+
+def read_batches(unit: SourceUnit) -> Iterator[Batch]:
+    """The records of :func:`read`, one batch per Arrow record batch: columnar where
+    :func:`_plain_columns` can, else as rows."""
+    schema, batches = _batches(unit.path)
+    features = features_of(schema)
+    row = 0
+    for batch in batches:
+        where = functools.partial(_nth_where, unit.path, row)
+        columns = _plain_columns(batch, features)
+        if columns is not None:
+            yield Batch(batch.num_rows, where, columns)
+        else:
+            yield Batch(batch.num_rows, where, rows=list(_records(unit.path, batch, features, row)))
+        row += batch.num_rows
+
+
+def _nth_where(path: str, first: int, i: int) -> str:
+    return f"{path} row {first + i}"
+
+
+def _plain_columns(batch: Any, features: dict[str, Any]) -> dict[str, Any] | None:
+    """``batch``'s columns as :func:`_column` would encode them value by value, or ``None``
+    when one of them is not plain (an image, a list, a struct, a null, a uint64)."""
+    import pyarrow as pa
+
+    columns: dict[str, tuple[str, Sequence[Any]]] = {}
+    for name, array in zip(batch.schema.names, batch.columns, strict=True):
+        kind, t = features.get(name, {}).get("_type"), array.type
+        if array.null_count or kind == "Image":
+            return None
+        if pa.types.is_boolean(t) or (pa.types.is_integer(t) and t != pa.uint64()):
+            columns[name] = ("int", array.to_numpy(zero_copy_only=False).astype("<i8"))
+        elif pa.types.is_floating(t):
+            columns[name] = ("float64", array.to_numpy(zero_copy_only=False).astype("<f8"))
+        elif pa.types.is_string(t) or pa.types.is_large_string(t):
             try:
-                yield where, {k: _column(features.get(k, {}), v) for k, v in sample.items()}
-            except (ValueError, TypeError) as exc:
-                raise InputError(f"{where}: {exc}") from exc
-            row += 1
+                array.validate(full=True)  # UTF-8, as to_pylist would decode it
+            except pa.ArrowInvalid:
+                return None  # read names the row
+            columns[name] = ("str", _views(array))
+        elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
+            columns[name] = ("bytes", _views(array))
+        else:
+            return None
+    return columns
+
+
+def _views(array: Any) -> list[memoryview]:
+    """The values of a binary or string array as views of its data buffer."""
+    import pyarrow as pa
+
+    _, offsets, data = array.buffers()
+    large = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
+    wide = "<i8" if large else "<i4"
+    bounds = np.frombuffer(offsets, wide)[array.offset : array.offset + len(array) + 1].tolist()
+    view = memoryview(data) if data is not None else memoryview(b"")
+    return list(map(view.__getitem__, map(slice, bounds[:-1], bounds[1:])))
 
 
 def label_names(units: list[SourceUnit]) -> dict[str, Any]:
@@ -137,4 +212,4 @@ def label_names(units: list[SourceUnit]) -> dict[str, Any]:
     return {"label_names": names} if names else {}
 
 
-FORMAT = ImportFormat("hf", plan, read, label_names)
+FORMAT = ImportFormat("hf", plan, read, label_names, read_batches=read_batches)

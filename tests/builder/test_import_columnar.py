@@ -23,6 +23,7 @@ from litdata import TokensLoader, optimize
 from shardstream.errors import InputError
 from shardstream.mds import Codec, get_codec, make_parts_encoder
 from shardstream.shard_builder.importers import ImportConfig, build_import, unit
+from shardstream.shard_builder.importers import hf as hf_format
 from shardstream.shard_builder.importers import litdata as litdata_format
 from shardstream.shard_builder.importers import lmdb as lmdb_format
 from shardstream.shard_builder.importers import tfrecord as tfrecord_format
@@ -205,6 +206,52 @@ def _litdata_tokens(root: Path) -> dict[str, Any]:
     return {"format": "litdata", "inputs": (str(root / "tok"),), "seq_len": 16}
 
 
+def _hf(root: Path) -> dict[str, Any]:
+    """A saved dataset (strings, binaries, ints, bools, floats, a ClassLabel; one null,
+    whose batch goes row by row) and a Parquet file of large strings and binaries."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = 2_100
+    columns: dict[str, list[Any]] = {
+        "text": [f"row {i} ✓" * (i % 4) for i in range(n)],
+        "blob": [bytes([i % 256]) * (i % 50) for i in range(n)],
+        "count": [i * 7919 - 5000 for i in range(n)],
+        "flag": [i % 3 == 0 for i in range(n)],
+        "score": [i / 7 for i in range(n)],
+        "label": [i % 2 for i in range(n)],
+    }
+    columns["text"][1_500] = None  # type: ignore[call-overload]
+    features = datasets.Features(
+        {
+            "text": datasets.Value("string"),
+            "blob": datasets.Value("binary"),
+            "count": datasets.Value("int32"),
+            "flag": datasets.Value("bool"),
+            "score": datasets.Value("float32"),
+            "label": datasets.ClassLabel(names=["no", "yes"]),
+        }
+    )
+    datasets.Dataset.from_dict(columns, features=features).save_to_disk(str(root / "hf"))
+    large = pa.table(
+        {
+            "text": pa.array(["p", "ü" * 3, ""] * 100, pa.large_string()),
+            "blob": pa.array([b"x", b"", b"yz"] * 100, pa.large_binary()),
+            "count": pa.array(range(300), pa.int64()),
+            "flag": pa.array([True, False, True] * 100),
+            "score": pa.array([0.5] * 300, pa.float64()),
+            "label": pa.array([1, 0, 1] * 100, pa.int64()),
+        }
+    )
+    pq.write_table(large, root / "large.parquet", row_group_size=128)
+    return {
+        "format": "hf",
+        "inputs": (str(root / "hf"), str(root / "large.parquet")),
+        "skip_bad": True,
+    }
+
+
 def _tfrecords(root: Path) -> dict[str, Any]:
     return {"format": "tfrecord", "inputs": (_tfrecord(root),), "part_bytes": 3000}
 
@@ -216,6 +263,7 @@ def _webdataset(root: Path) -> dict[str, Any]:
 
 
 SOURCES = {
+    "hf": _hf,
     "lmdb-raw": _lmdb_raw,
     "lmdb-pickle": _lmdb_pickle,
     "litdata": _litdata,
@@ -238,7 +286,7 @@ def test_imports_are_the_same_bytes_in_bulk_and_record_by_record(
 
     bulk = run("bulk")
     with monkeypatch.context() as patch:  # the format's records, grouped by the build
-        for module in (lmdb_format, litdata_format, tfrecord_format):
+        for module in (hf_format, lmdb_format, litdata_format, tfrecord_format):
             patch.setattr(module, "FORMAT", replace(module.FORMAT, read_batches=None))
         grouped = run("grouped")
     with monkeypatch.context() as patch:  # every record on its own

@@ -78,3 +78,26 @@ def test_parquet_files_import_like_the_saved_folder(tmp_path: Path) -> None:
                                        output=str(tmp_path / "out"), **SMALL))  # fmt: skip
     assert result.samples == 30 and result.metadata["label_names"] == {"label": NAMES}
     assert [s["text"] for s in read_with_ours(tmp_path / "out")] == ds["text"]
+
+
+def test_plain_batches_are_columns_and_others_rows() -> None:
+    """Strings and binaries come out as views of the Arrow buffers (a sliced array from
+    its offset on), numbers as arrays; a null or an image feature sends the batch to rows."""
+    import pyarrow as pa
+
+    from shardstream.shard_builder.importers import hf
+
+    text = pa.array(["a", "bc", "déf", ""]).slice(1)
+    blob = pa.array([b"0", b"12", b"", b"345"], pa.large_binary()).slice(1)
+    batch = pa.RecordBatch.from_arrays(
+        [text, blob, pa.array([1, 2, 3], pa.int8())], ["t", "b", "n"]
+    )
+    columns = hf._plain_columns(batch, {})
+    assert columns is not None
+    assert [bytes(v) for v in columns["t"][1]] == [b"bc", "déf".encode(), b""]
+    assert [bytes(v) for v in columns["b"][1]] == [b"12", b"", b"345"]
+    assert columns["n"][0] == "int" and columns["n"][1].tolist() == [1, 2, 3]
+    with_null = pa.RecordBatch.from_arrays([pa.array(["x", None])], ["t"])
+    assert hf._plain_columns(with_null, {}) is None
+    image = pa.RecordBatch.from_arrays([pa.array([b"\xff\xd8\xff"])], ["img"])
+    assert hf._plain_columns(image, {"img": {"_type": "Image"}}) is None
