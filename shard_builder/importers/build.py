@@ -17,6 +17,7 @@ import resumes after its last finished shard, from the part that holds that reco
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
@@ -115,9 +116,11 @@ class _Packer:
 
     A full shard is hashed and written by a writer thread while this thread reads and
     encodes the next units: hashing (sha1 most of all) and writing release the GIL, and
-    they cost as much as reading an LMDB or LitData source, so on two cores they overlap
-    instead of adding up. One shard is in flight at a time; it is handed to the sink (and
-    the journal) in shard order, when the next one is closed or at :meth:`finish`.
+    they cost as much as reading an LMDB or LitData source, so they overlap instead of
+    adding up. Up to ``writers`` shards are in flight at once (:func:`writer_threads`: one
+    thread hashes about 1 GB/s, which many encoder processes outrun); they are handed to
+    the sink (and the journal) in shard order, as later ones are closed or at
+    :meth:`finish`.
     """
 
     def __init__(
@@ -142,8 +145,11 @@ class _Packer:
         self._parts: list[memoryview] = []
         self._count = 0
         self._bytes = _SHARD_OVERHEAD
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="shardstream-import-writer")
-        self._pending: tuple[Future[ShardInfo], int, dict[str, Any]] | None = None
+        self._writers = writer_threads(config.workers)
+        self._writer = ThreadPoolExecutor(
+            self._writers, thread_name_prefix="shardstream-import-writer"
+        )
+        self._pending: deque[tuple[Future[ShardInfo], int, dict[str, Any]]] = deque()
 
     def add_unit(self, file: int, unit: SourceUnit, done: EncodedUnit) -> None:
         """Add the samples of ``unit`` (a part of file number ``file``) in order, closing
@@ -182,8 +188,9 @@ class _Packer:
         after which come ``unit_bad``'s records numbered from it on (not yet skipped)."""
         if not self._count:
             return
-        self.finish()  # the shard before this one
-        position, cfg = len(self.shards), self._config
+        while len(self._pending) >= self._writers:
+            self._hand_over()  # the oldest shard in flight
+        position, cfg = len(self.shards) + len(self._pending), self._config
         before = [b for number, b in unit_bad if number < next_position[1]]
         state = {
             "next": list(next_position),
@@ -200,25 +207,27 @@ class _Packer:
             block_size=cfg.block_size,
             piece_size=cfg.piece_size,
         )
-        self._pending = (written, position, state)
+        self._pending.append((written, position, state))
         self._sizes, self._parts, self._count = [], [], 0
         self._bytes = _SHARD_OVERHEAD
 
     def finish(self) -> None:
-        """Wait for the shard in flight and hand it to the sink (re-raising its error)."""
-        if self._pending is None:
-            return
-        written, position, state = self._pending
-        self._pending = None
+        """Wait for the shards in flight and hand them to the sink in order (re-raising the
+        first error)."""
+        while self._pending:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        written, position, state = self._pending.popleft()
         info = written.result()
         self.shards.append(info)
         self._sink.stored(info, lambda: self._journal.record(position, info, state))
 
     def close(self) -> None:
-        """Stop the writer thread (after the shard in flight, whose error is dropped: this
-        runs on the way out of a failed import)."""
+        """Stop the writer threads (after the shards in flight, whose errors are dropped:
+        this runs on the way out of a failed import)."""
         self._writer.shutdown(wait=True)
-        self._pending = None
+        self._pending.clear()
 
 
 def build_import(config: ImportConfig) -> BuildResult:
@@ -316,6 +325,12 @@ def build_import(config: ImportConfig) -> BuildResult:
     return completed_result(
         sink, index, metadata, config=config, reused_shards=len(finished), started=started
     )
+
+
+def writer_threads(workers: int) -> int:
+    """How many shards an import hashes and writes at once: one per two encoder processes,
+    up to 4 (each holds a whole shard of samples in memory until it is written)."""
+    return max(1, min(4, workers // 2))
 
 
 def _slices(

@@ -82,7 +82,7 @@ def test_parts_read_back_to_back_are_the_whole_file(fmt: str, tmp_path: Path) ->
 def test_same_bytes_whatever_the_parts_and_workers(fmt: str, tmp_path: Path) -> None:
     source = SOURCES[fmt](tmp_path)
     outputs = []
-    for part_bytes, workers in ((1 << 30, 1), (1500, 1), (1500, 2), (4000, 3)):
+    for part_bytes, workers in ((1 << 30, 1), (1500, 1), (1500, 2), (4000, 5)):
         out = tmp_path / f"out-{part_bytes}-{workers}"
         result = build_import(
             ImportConfig(
@@ -113,7 +113,7 @@ def test_killed_import_resumes_with_other_parts_to_the_same_bytes(tmp_path: Path
     script = (
         "import sys; from shardstream.shard_builder.importers import ImportConfig, build_import; "
         "build_import(ImportConfig(format='lmdb', inputs=(sys.argv[1],), output=sys.argv[2], "
-        "part_bytes=150_000, workers=2, shard_size=6 * 1024, allow_small_shards=True, "
+        "part_bytes=150_000, workers=4, shard_size=6 * 1024, allow_small_shards=True, "
         "progress=False))"
     )
     proc = subprocess.Popen(
