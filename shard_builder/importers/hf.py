@@ -12,15 +12,19 @@ first (``datasets.load_dataset(...).save_to_disk(path)``).
 Record batches are read as columns where every value of a column maps to one plain
 encoding (strings, binaries, ints, bools, floats, without nulls): binaries and strings as
 views of the Arrow buffers (no Python object per value), numbers as one numpy array. Any
-other batch (images, lists, structs, nulls) goes row by row, as :func:`read` gives it.
+other batch (images, lists, structs, nulls) goes row by row, as :func:`read` gives it. A
+big file is split into ranges of record batches (Arrow) or row groups (Parquet) that
+several workers read at once.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -67,25 +71,66 @@ def plan(inputs: tuple[str, ...], split: str) -> list[SourceUnit]:
     return [SourceUnit(str(f.path), f.size, f.mtime_ns) for f in resolve_inputs(names, _SUFFIXES)]
 
 
-def _batches(path: str) -> tuple[Any, Iterator[Any]]:
+def _batches(path: str, span: tuple[Any, ...] = ()) -> tuple[Any, Iterator[Any]]:
+    """The file's schema and its record batches (with ``span = (first, end)``, batches
+    ``first .. end - 1`` of an Arrow file, or the rows of row groups ``first .. end - 1``
+    of a Parquet file)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    first, end = span or (0, None)
     try:
         if path.endswith(".arrow"):
             source = pa.memory_map(path)
             try:
-                reader = pa.ipc.open_stream(source)
+                stream = pa.ipc.open_stream(source)
             except pa.ArrowInvalid:
                 reader = pa.ipc.open_file(source)
-                return reader.schema, (
-                    reader.get_batch(i) for i in range(reader.num_record_batches)
-                )
-            return reader.schema, iter(reader)
+                count = reader.num_record_batches if end is None else end
+                return reader.schema, (reader.get_batch(i) for i in range(first, count))
+            # A stream is read in order; skipping a batch parses its metadata only (the
+            # data stays in the memory map).
+            return stream.schema, itertools.islice(stream, first, end)
         pf = pq.ParquetFile(path)
-        return pf.schema_arrow, pf.iter_batches(batch_size=1024)
+        groups = range(first, pf.metadata.num_row_groups if end is None else end)
+        return pf.schema_arrow, pf.iter_batches(batch_size=1024, row_groups=groups)
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"{path}: not a readable Arrow/Parquet file ({exc})") from exc
+
+
+def split(unit: SourceUnit, part_bytes: int) -> list[SourceUnit]:
+    """``unit`` as ranges ``span = (first, end)`` of record batches (Arrow) or row groups
+    (Parquet) of about ``part_bytes``; a file within one part, or of one batch, stays whole."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if unit.nbytes <= part_bytes:
+        return [unit]
+    try:
+        if unit.path.endswith(".arrow"):
+            _, batches = _batches(unit.path)
+            sizes = [(b.num_rows, b.nbytes) for b in batches]
+        else:
+            meta = pq.ParquetFile(unit.path).metadata
+            groups = map(meta.row_group, range(meta.num_row_groups))
+            sizes = [(g.num_rows, g.total_byte_size) for g in groups]
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(f"{unit.path}: not a readable Arrow/Parquet file ({exc})") from exc
+    total = sum(size for _, size in sizes) or 1
+    parts: list[SourceUnit] = []
+    first = first_row = row = held = 0  # the part being filled: from batch first, row first_row
+    for i, (rows, size) in enumerate(sizes):
+        held, row = held + size, row + rows
+        if held >= part_bytes or i == len(sizes) - 1:
+            nbytes = unit.nbytes * held // total  # the file's bytes, shared out by size
+            parts.append(replace(unit, nbytes=nbytes, span=(first, i + 1), first=first_row))
+            first, first_row, held = i + 1, row, 0
+    if len(parts) < 2:
+        return [unit]
+    # The shares' rounding goes to the last part, so the parts add up to the file.
+    rest = unit.nbytes - sum(p.nbytes for p in parts)
+    parts[-1] = replace(parts[-1], nbytes=parts[-1].nbytes + rest)
+    return parts
 
 
 def features_of(schema: Any) -> dict[str, Any]:
@@ -136,9 +181,9 @@ def _records(path: str, batch: Any, features: dict[str, Any], first: int) -> Ite
 
 
 def read(unit: SourceUnit) -> Iterator[Record]:
-    schema, batches = _batches(unit.path)
+    schema, batches = _batches(unit.path, unit.span)
     features = features_of(schema)
-    row = 0
+    row = unit.first
     for batch in batches:
         yield from _records(unit.path, batch, features, row)
         row += batch.num_rows
@@ -147,9 +192,9 @@ def read(unit: SourceUnit) -> Iterator[Record]:
 def read_batches(unit: SourceUnit) -> Iterator[Batch]:
     """The records of :func:`read`, one batch per Arrow record batch: columnar where
     :func:`_plain_columns` can, else as rows."""
-    schema, batches = _batches(unit.path)
+    schema, batches = _batches(unit.path, unit.span)
     features = features_of(schema)
-    row = 0
+    row = unit.first
     for batch in batches:
         where = functools.partial(_nth_where, unit.path, row)
         columns = _plain_columns(batch, features)
@@ -212,4 +257,4 @@ def label_names(units: list[SourceUnit]) -> dict[str, Any]:
     return {"label_names": names} if names else {}
 
 
-FORMAT = ImportFormat("hf", plan, read, label_names, read_batches=read_batches)
+FORMAT = ImportFormat("hf", plan, read, label_names, split=split, read_batches=read_batches)

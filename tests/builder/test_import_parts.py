@@ -1,4 +1,5 @@
-"""Big files split into parts (LMDB key ranges, TFRecord record ranges, LitData item ranges):
+"""Big files split into parts (LMDB key ranges, TFRecord record ranges, LitData item ranges,
+Arrow record batch and Parquet row group ranges):
 the parts read back to back are the whole file, and the shards are the same bytes whatever
 the part size and the number of workers."""
 
@@ -55,12 +56,51 @@ def _litdata(root: Path) -> str:
     return str(root / "lit")
 
 
-SOURCES = {"lmdb": _lmdb, "tfrecord": _tfrecord, "litdata": _litdata}
+def _hf_table(n: int) -> Any:
+    import pyarrow as pa
+
+    return pa.table(
+        {
+            "text": [f"row {i}" * (i % 5) for i in range(n)],
+            "blob": [bytes([i % 256]) * (i % 70) for i in range(n)],
+            "score": [i / 9 for i in range(n)],
+            "ids": [list(range(i % 4 + 1)) for i in range(n)],  # a list column: rows
+        }
+    )
 
 
-@pytest.mark.parametrize("fmt", sorted(SOURCES))
-def test_parts_read_back_to_back_are_the_whole_file(fmt: str, tmp_path: Path) -> None:
-    source = SOURCES[fmt](tmp_path)
+def _hf_arrow(root: Path) -> str:
+    """An Arrow stream file (as ``save_to_disk`` writes) of many small record batches."""
+    import pyarrow as pa
+
+    table = _hf_table(260)
+    path = str(root / "data.arrow")
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=20)
+    return path
+
+
+def _hf_parquet(root: Path) -> str:
+    import pyarrow.parquet as pq
+
+    pq.write_table(_hf_table(260), root / "data.parquet", row_group_size=20)
+    return str(root / "data.parquet")
+
+
+# name -> (format, source maker)
+SOURCES = {
+    "lmdb": ("lmdb", _lmdb),
+    "tfrecord": ("tfrecord", _tfrecord),
+    "litdata": ("litdata", _litdata),
+    "hf-arrow": ("hf", _hf_arrow),
+    "hf-parquet": ("hf", _hf_parquet),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_parts_read_back_to_back_are_the_whole_file(name: str, tmp_path: Path) -> None:
+    fmt, make = SOURCES[name]
+    source = make(tmp_path)
     form = get_format(fmt)
     assert form.split is not None
     (unit,) = form.plan((source,), "")
@@ -78,9 +118,10 @@ def test_parts_read_back_to_back_are_the_whole_file(fmt: str, tmp_path: Path) ->
     assert all(isinstance(p, SourceUnit) and p.path == unit.path for p in parts)
 
 
-@pytest.mark.parametrize("fmt", sorted(SOURCES))
-def test_same_bytes_whatever_the_parts_and_workers(fmt: str, tmp_path: Path) -> None:
-    source = SOURCES[fmt](tmp_path)
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_same_bytes_whatever_the_parts_and_workers(name: str, tmp_path: Path) -> None:
+    fmt, make = SOURCES[name]
+    source = make(tmp_path)
     outputs = []
     for part_bytes, workers in ((1 << 30, 1), (1500, 1), (1500, 2), (4000, 5)):
         out = tmp_path / f"out-{part_bytes}-{workers}"
