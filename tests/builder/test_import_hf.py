@@ -89,14 +89,19 @@ def test_plain_batches_are_columns_and_others_rows() -> None:
 
     text = pa.array(["a", "bc", "déf", ""]).slice(1)
     blob = pa.array([b"0", b"12", b"", b"345"], pa.large_binary()).slice(1)
+    numbers = pa.array([9, -1, 2, 3], pa.int8()).slice(1)
+    flags = pa.array([True, False, True, True, False, False, True, False, True]).slice(6)
+    halves = pa.array([0.5, 1.5, -2.0, 4.0], pa.float16()).slice(1)
     batch = pa.RecordBatch.from_arrays(
-        [text, blob, pa.array([1, 2, 3], pa.int8())], ["t", "b", "n"]
+        [text, blob, numbers, flags, halves], ["t", "b", "n", "f", "h"]
     )
     columns = hf._plain_columns(batch, {})
     assert columns is not None
+    assert columns["f"][0] == "int" and columns["f"][1].tolist() == [1, 0, 1]
+    assert columns["h"][0] == "float64" and columns["h"][1].tolist() == [1.5, -2.0, 4.0]
     assert [bytes(v) for v in columns["t"][1]] == [b"bc", "déf".encode(), b""]
     assert [bytes(v) for v in columns["b"][1]] == [b"12", b"", b"345"]
-    assert columns["n"][0] == "int" and columns["n"][1].tolist() == [1, 2, 3]
+    assert columns["n"][0] == "int" and columns["n"][1].tolist() == [-1, 2, 3]
     with_null = pa.RecordBatch.from_arrays([pa.array(["x", None])], ["t"])
     assert hf._plain_columns(with_null, {}) is None
     image = pa.RecordBatch.from_arrays([pa.array([b"\xff\xd8\xff"])], ["img"])
