@@ -1,9 +1,19 @@
 """LitData optimized datasets (``litdata.optimize`` output): general items and token chunks.
 
-A source is an optimized folder (its ``index.json`` lists the chunks) or an ``s3://``
-prefix, which is copied to a local folder first (with the store's own verified downloads).
-Items are read with LitData's own ``StreamingDataset`` in order (``shuffle=False``), so the
-samples are exactly what a LitData user trains on:
+A source is an optimized folder or an ``s3://`` (any URL) prefix; planning and splitting
+read only its ``index.json`` (:mod:`.litdata_index`). The items are read from the chunk
+files directly (:mod:`.litdata_chunks`, :mod:`.litdata_arrow`) wherever LitData's layout is
+simple and stable: flat dicts of ``str`` keys, or single values, whose leaves are ``bytes``,
+``str``, ``int``, ``float``, ``bool``, numpy arrays or tensors, and token chunks, all
+uncompressed and unencrypted. That costs numpy calls per batch instead of LitData's few
+microseconds of Python per item, and a part of a remote folder reads only its own byte
+ranges, in memory. Any other layout (compressed or encrypted chunks, images and other
+serializers, nested trees) is read with LitData's own ``StreamingDataset`` in order
+(``shuffle=False``), as before; a part of a remote folder then downloads just its chunks,
+into a temp folder it removes when done. The direct reader is a second implementation of
+LitData's format, so the tests hold it to LitData's: every layout it takes is compared
+with ``StreamingDataset`` field by field, and its shards byte for byte with the import
+through LitData.
 
 * **General items** (``PyTreeLoader``): a dict becomes one column per key; a single value
   one column ``value``. ``int`` -> ``int``, ``float`` -> ``float64``, ``str`` -> ``str``,
@@ -20,10 +30,10 @@ cut), read by several workers at once; each reads its items by index, as LitData
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import json
 import logging
-import os
+import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -33,25 +43,25 @@ from typing import Any
 
 import numpy as np
 
-from shardstream.errors import InputError
+from shardstream.errors import InputError, ObjectNotFoundError
+from shardstream.shard_builder.importers import litdata_chunks
 from shardstream.shard_builder.importers.columnar import BATCH_RECORDS
+from shardstream.shard_builder.importers.litdata_arrow import plain_encoding
+from shardstream.shard_builder.importers.litdata_index import (
+    LitIndex,
+    index_of,
+    layout_of,
+    read_index,
+)
 from shardstream.shard_builder.importers.source import Batch, ImportFormat, Record, SourceUnit
-from shardstream.shard_builder.importers.values import PLAIN_TYPES, column_of, columns_of
-
-_COPIES: dict[str, str] = {}  # s3:// prefix -> local copy (one per process)
+from shardstream.shard_builder.importers.values import column_of, columns_of
 
 
 def plan(inputs: tuple[str, ...], option: str = "") -> list[SourceUnit]:
     units = []
     for arg in inputs:
-        folder = _local(arg)
-        index = Path(folder) / "index.json"
-        try:
-            meta = json.loads(index.read_text())
-            chunks = meta["chunks"]
-            loader = meta["config"].get("item_loader")
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise InputError(f"{arg}: not a LitData optimized folder ({index}: {exc})") from exc
+        index = read_index(arg)
+        loader = index.config.get("item_loader")
         if loader == "TokensLoader" and not option:
             raise InputError(
                 f"{arg}: a LitData token dataset (TokensLoader) does not record its block "
@@ -59,15 +69,15 @@ def plan(inputs: tuple[str, ...], option: str = "") -> list[SourceUnit]:
             )
         if loader not in ("TokensLoader", "PyTreeLoader", None):
             raise InputError(f"{arg}: LitData item loader {loader!r} is not supported")
-        size = sum(int(c.get("chunk_bytes", 0)) for c in chunks)
-        units.append(SourceUnit(arg, size, int(index.stat().st_mtime_ns)))
+        if loader == "TokensLoader" and (index.dims < 0).any():
+            raise InputError(f"{arg}: a LitData token dataset whose chunks lack their dim")
+        units.append(SourceUnit(arg, int(index.sizes.sum()), index.mtime_ns))
     return units
 
 
 def split(unit: SourceUnit, part_bytes: int) -> list[SourceUnit]:
     """``unit`` as item ranges ``span = (first item, end item)`` of about ``part_bytes``."""
-    meta = json.loads((Path(_local(unit.path)) / "index.json").read_text())
-    tokens = meta["config"].get("item_loader") == "TokensLoader"
+    index = index_of(unit)
     parts: list[SourceUnit] = []
     first = end = held = 0  # the part being filled: items [first, end), about held bytes
 
@@ -77,10 +87,9 @@ def split(unit: SourceUnit, part_bytes: int) -> list[SourceUnit]:
             parts.append(replace(unit, nbytes=held, span=(first, end), first=first))
         first, held = end, 0
 
-    for chunk in meta["chunks"]:
-        # LitData's own item count per chunk (its loaders' generate_intervals).
-        items = int(chunk["dim"]) // int(unit.option) if tokens else int(chunk["chunk_size"])
-        nbytes = int(chunk.get("chunk_bytes", 0))
+    # LitData's own item count per chunk (its loaders' generate_intervals).
+    counts = index.counts(_seq_len(unit, index)).tolist()
+    for items, nbytes in zip(counts, index.sizes.tolist(), strict=True):
         done = 0
         while done < items:
             fit = -(-(part_bytes - held) * items // max(nbytes, 1))  # items that fill the part
@@ -94,33 +103,76 @@ def split(unit: SourceUnit, part_bytes: int) -> list[SourceUnit]:
     return parts if len(parts) > 1 else [unit]
 
 
-def _local(source: str) -> str:
-    """A local folder holding ``source`` (an ``s3://`` prefix is copied once)."""
-    if "://" not in source:
-        return os.path.abspath(source)
-    if source not in _COPIES:
-        from shardstream.storage import open_store
-
-        store = open_store(source)
-        dest = Path(tempfile.mkdtemp(prefix="shardstream-litdata-"))
-        for key, size in store.list(""):
-            if "/" in key.strip("/"):
-                continue  # the optimized folder is flat
-            store.download(key, dest / key, expected_size=size)
-        _COPIES[source] = str(dest)
-    return _COPIES[source]
+def _seq_len(unit: SourceUnit, index: LitIndex) -> int:
+    """The token block size (0: general items)."""
+    return int(unit.option) if index.config.get("item_loader") == "TokensLoader" else 0
 
 
-def _open(unit: SourceUnit) -> tuple[Any, int]:
-    """LitData's ``StreamingDataset`` over the unit's folder (items in order), and the
-    token block size (0: general items)."""
+def read(unit: SourceUnit) -> Iterator[Record]:
+    index = index_of(unit)
+    layout = layout_of(index, _seq_len(unit, index))
+    if layout is not None:
+        for batch in litdata_chunks.read_batches(unit.path, index, layout, unit.span):
+            yield from batch.records()
+        return
+    with _folder(unit, index) as folder:
+        for start, items, seq_len in _items(unit, folder):
+            for i, item in enumerate(items, start):
+                yield _record(f"{unit.path} item {i}", item, seq_len)
+
+
+def read_batches(unit: SourceUnit) -> Iterator[Batch]:
+    """The records of :func:`read`, a batch per chunk piece (direct reads) or per
+    ``BATCH_RECORDS`` items (LitData's): columnar when the items are dicts with the same
+    keys whose values have one plain type per key (or token blocks of one dtype), else as
+    rows."""
+    index = index_of(unit)
+    layout = layout_of(index, _seq_len(unit, index))
+    if layout is not None:
+        yield from litdata_chunks.read_batches(unit.path, index, layout, unit.span)
+        return
+    with _folder(unit, index) as folder:
+        for start, items, seq_len in _items(unit, folder):
+            where = functools.partial(_nth_where, unit.path, start)
+            columns = _token_columns(items, seq_len) if seq_len else _item_columns(items)
+            if columns is not None:
+                yield Batch(len(items), where, columns)
+            else:
+                rows = [_record(where(i), item, seq_len) for i, item in enumerate(items)]
+                yield Batch(len(items), where, rows=rows)
+
+
+@contextlib.contextmanager
+def _folder(unit: SourceUnit, index: LitIndex) -> Iterator[str]:
+    """A local folder LitData reads the unit's items from: the source folder itself, or for a
+    remote one a temp folder with ``index.json`` and the chunks of the unit's items only,
+    removed when the unit is read (or given up)."""
+    if index.store is None:
+        yield index.source
+        return
+    dest = Path(tempfile.mkdtemp(prefix="shardstream-litdata-"))
+    try:
+        index.store.download("index.json", dest / "index.json")
+        for chunk, base, lo, _ in index.pieces(_seq_len(unit, index), unit.span):
+            name = index.names[chunk]
+            try:
+                index.store.download(name, dest / name)
+            except ObjectNotFoundError as exc:
+                where = f"{unit.path} item {base + lo}"
+                raise InputError(f"{where}: LitData chunk {name} is missing ({exc})") from exc
+        yield str(dest)
+    finally:
+        shutil.rmtree(dest, ignore_errors=True)
+
+
+def _open(unit: SourceUnit, folder: str) -> tuple[Any, int]:
+    """LitData's ``StreamingDataset`` over ``folder`` (items in order), and the token block
+    size (0: general items)."""
     from litdata import StreamingDataset, TokensLoader
 
     logging.getLogger("litdata").setLevel(logging.WARNING)  # not one INFO line per open
 
-    folder = _local(unit.path)
-    meta = json.loads((Path(folder) / "index.json").read_text())
-    seq_len = int(unit.option) if meta["config"].get("item_loader") == "TokensLoader" else 0
+    seq_len = _seq_len(unit, index_of(unit))
     try:
         if seq_len:
             return StreamingDataset(folder, item_loader=TokensLoader(block_size=seq_len)), seq_len
@@ -129,10 +181,10 @@ def _open(unit: SourceUnit) -> tuple[Any, int]:
         raise InputError(f"{unit.path}: LitData cannot open the dataset ({exc})") from exc
 
 
-def _items(unit: SourceUnit) -> Iterator[tuple[int, list[Any], int]]:
+def _items(unit: SourceUnit, folder: str) -> Iterator[tuple[int, list[Any], int]]:
     """``(first item number, items, seq_len)``: the unit's items in lists of
     ``BATCH_RECORDS``, read with LitData in order."""
-    ds, seq_len = _open(unit)
+    ds, seq_len = _open(unit, folder)
     first, end = unit.span or (0, len(ds))
     for start in range(first, end, BATCH_RECORDS):
         items = []
@@ -153,44 +205,15 @@ def _record(where: str, item: Any, seq_len: int) -> Record:
     return where, {"value": column_of(item, where)}
 
 
-def read(unit: SourceUnit) -> Iterator[Record]:
-    for start, items, seq_len in _items(unit):
-        for i, item in enumerate(items, start):
-            yield _record(f"{unit.path} item {i}", item, seq_len)
-
-
-def read_batches(unit: SourceUnit) -> Iterator[Batch]:
-    """The records of :func:`read`, a batch per ``BATCH_RECORDS`` items: columnar when the
-    items are dicts with the same keys whose values have one plain type per key (or token
-    blocks of one dtype), else as rows."""
-    for start, items, seq_len in _items(unit):
-        where = functools.partial(_nth_where, unit.path, start)
-        columns = _token_columns(items, seq_len) if seq_len else _item_columns(items)
-        if columns is not None:
-            yield Batch(len(items), where, columns)
-        else:
-            rows = [_record(where(i), item, seq_len) for i, item in enumerate(items)]
-            yield Batch(len(items), where, rows=rows)
-
-
 def _nth_where(path: str, start: int, i: int) -> str:
     return f"{path} item {start + i}"
-
-
-def _plain(values: list[Any]) -> str | None:
-    """The column encoding of ``values`` when all have one plain type."""
-    types = set(map(type, values))
-    if len(types) != 1:
-        return None
-    kind = types.pop()
-    return "ndarray" if kind is np.ndarray else PLAIN_TYPES.get(kind)
 
 
 def _item_columns(items: list[Any]) -> dict[str, tuple[str, Sequence[Any]]] | None:
     """``items`` as columns, or ``None`` when a value needs :func:`column_of`'s conversion
     (or its error, which :func:`read` raises for the first such item in order)."""
     if set(map(type, items)) != {dict}:
-        encoding = _plain(items)
+        encoding = plain_encoding(items)
         return None if encoding is None else {"value": (encoding, items)}
     layouts = set(map(tuple, items))
     if len(layouts) != 1:
@@ -201,7 +224,7 @@ def _item_columns(items: list[Any]) -> dict[str, tuple[str, Sequence[Any]]] | No
     columns: dict[str, tuple[str, Sequence[Any]]] = {}
     for key in keys:
         values = list(map(itemgetter(key), items))
-        encoding = _plain(values)
+        encoding = plain_encoding(values)
         if encoding is None:
             return None
         columns[str(key)] = (encoding, values)
