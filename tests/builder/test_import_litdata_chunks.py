@@ -212,6 +212,23 @@ def test_the_direct_reader_never_starts_litdata(folders: Path, tmp_path: Path) -
     assert "litdata.streaming.dataset" in litdata_modules(["zstd"])  # LitData's to read
 
 
+def _watch_downloads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, list[str]]:
+    """A fresh temp folder for the test (to see what is left in it), and the keys that the
+    S3 store downloads from now on, in order."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    downloads: list[str] = []
+    download = S3Store.download
+
+    def counted(store: S3Store, key: str, dest: Path, **kwargs: Any) -> None:
+        downloads.append(key)
+        download(store, key, dest, **kwargs)
+
+    monkeypatch.setattr(S3Store, "download", counted)
+    return temp, downloads
+
+
 def _upload(folder: Path, url: str) -> None:
     store = open_store(url)
     for path in sorted(folder.iterdir()):
@@ -224,17 +241,7 @@ def test_an_s3_prefix_imports_to_the_folder_s_bytes_and_leaves_no_copy(
 ) -> None:
     url = f"{s3_bucket.url}/lit/{name}"
     _upload(folders / name, url)
-    temp = tmp_path / "tmp"
-    temp.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(temp))
-    downloads: list[str] = []
-    download = S3Store.download
-
-    def counted(store: S3Store, key: str, dest: Path, **kwargs: Any) -> None:
-        downloads.append(key)
-        download(store, key, dest, **kwargs)
-
-    monkeypatch.setattr(S3Store, "download", counted)
+    temp, downloads = _watch_downloads(tmp_path, monkeypatch)
     build_import(_config(str(folders / name), tmp_path / "local", name, part_bytes=1500))
     build_import(_config(url, tmp_path / "remote", name, part_bytes=1500, workers=2))
     build_import(_config(url, tmp_path / "remote1", name, part_bytes=1500))
@@ -291,17 +298,7 @@ def test_a_part_litdata_reads_downloads_its_chunk_and_removes_it(
     url = f"{s3_bucket.url}/lit/zstd"
     _upload(folders / "zstd", url)
     part, (chunk, _, _, _) = _middle_part(_unit(url, "zstd"))
-    temp = tmp_path / "tmp"
-    temp.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(temp))
-    downloads: list[str] = []
-    download = S3Store.download
-
-    def counted(store: S3Store, key: str, dest: Path, **kwargs: Any) -> None:
-        downloads.append(key)
-        download(store, key, dest, **kwargs)
-
-    monkeypatch.setattr(S3Store, "download", counted)
+    temp, downloads = _watch_downloads(tmp_path, monkeypatch)
     records = list(litdata_format.read(part))
     assert len(records) == part.span[1] - part.span[0]
     assert downloads == ["index.json", index_of(part).names[chunk]]
