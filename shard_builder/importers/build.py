@@ -117,10 +117,10 @@ class _Packer:
     A full shard is hashed and written by a writer thread while this thread reads and
     encodes the next units: hashing (sha1 most of all) and writing release the GIL, and
     they cost as much as reading an LMDB or LitData source, so they overlap instead of
-    adding up. Up to ``writers`` shards are in flight at once (:func:`writer_threads`: one
-    thread hashes about 1 GB/s, which many encoder processes outrun); they are handed to
-    the sink (and the journal) in shard order, as later ones are closed or at
-    :meth:`finish`.
+    adding up. Two to four shards are in flight at once (:func:`writer_threads`: the
+    encoder goes on while the shard before the last is still written, and one thread
+    hashes about 1 GB/s, which many encoder processes outrun); they are handed to the sink
+    (and the journal) in shard order, as later ones are closed or at :meth:`finish`.
     """
 
     def __init__(
@@ -328,9 +328,11 @@ def build_import(config: ImportConfig) -> BuildResult:
 
 
 def writer_threads(workers: int) -> int:
-    """How many shards an import hashes and writes at once: one per two encoder processes,
-    up to 4 (each holds a whole shard of samples in memory until it is written)."""
-    return max(1, min(4, workers // 2))
+    """How many shards an import hashes and writes at once: two, so that the encoder never
+    waits for the shard before the one it just closed (a tenth off a 1-worker LMDB or
+    LitData import on 2 cores), and one per two encoder processes up to 4 (each holds a
+    whole shard of samples in memory until it is written)."""
+    return max(2, min(4, workers // 2))
 
 
 def _slices(
