@@ -19,6 +19,7 @@ several workers read at once.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
@@ -30,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from shardstream.errors import InputError
+from shardstream.shard_builder.importers.arrow_buffers import binary_views, numbers
 from shardstream.shard_builder.importers.source import (
     Batch,
     Column,
@@ -79,7 +81,7 @@ def _batches(path: str, span: tuple[Any, ...] = ()) -> tuple[Any, Iterator[Any]]
     import pyarrow.parquet as pq
 
     first, end = span or (0, None)
-    try:
+    with _unreadable(path):
         if path.endswith(".arrow"):
             source = pa.memory_map(path)
             try:
@@ -94,6 +96,15 @@ def _batches(path: str, span: tuple[Any, ...] = ()) -> tuple[Any, Iterator[Any]]
         pf = pq.ParquetFile(path)
         groups = range(first, pf.metadata.num_row_groups if end is None else end)
         return pf.schema_arrow, pf.iter_batches(batch_size=1024, row_groups=groups)
+
+
+@contextlib.contextmanager
+def _unreadable(path: str) -> Iterator[None]:
+    """pyarrow's errors on a file that is not Arrow or Parquet as one :class:`InputError`."""
+    import pyarrow as pa
+
+    try:
+        yield
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"{path}: not a readable Arrow/Parquet file ({exc})") from exc
 
@@ -101,12 +112,11 @@ def _batches(path: str, span: tuple[Any, ...] = ()) -> tuple[Any, Iterator[Any]]
 def split(unit: SourceUnit, part_bytes: int) -> list[SourceUnit]:
     """``unit`` as ranges ``span = (first, end)`` of record batches (Arrow) or row groups
     (Parquet) of about ``part_bytes``; a file within one part, or of one batch, stays whole."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     if unit.nbytes <= part_bytes:
         return [unit]
-    try:
+    with _unreadable(unit.path):
         if unit.path.endswith(".arrow"):
             _, batches = _batches(unit.path)
             sizes = [(b.num_rows, b.nbytes) for b in batches]
@@ -114,8 +124,6 @@ def split(unit: SourceUnit, part_bytes: int) -> list[SourceUnit]:
             meta = pq.ParquetFile(unit.path).metadata
             groups = map(meta.row_group, range(meta.num_row_groups))
             sizes = [(g.num_rows, g.total_byte_size) for g in groups]
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise InputError(f"{unit.path}: not a readable Arrow/Parquet file ({exc})") from exc
     total = sum(size for _, size in sizes) or 1
     parts: list[SourceUnit] = []
     first = first_row = row = held = 0  # the part being filled: from batch first, row first_row
@@ -220,45 +228,20 @@ def _plain_columns(batch: Any, features: dict[str, Any]) -> dict[str, Any] | Non
         if array.null_count or kind == "Image":
             return None
         if pa.types.is_boolean(t) or (pa.types.is_integer(t) and t != pa.uint64()):
-            columns[name] = ("int", _numbers(array).astype("<i8"))
+            columns[name] = ("int", numbers(array).astype("<i8"))
         elif pa.types.is_floating(t):
-            columns[name] = ("float64", _numbers(array).astype("<f8"))
+            columns[name] = ("float64", numbers(array).astype("<f8"))
         elif pa.types.is_string(t) or pa.types.is_large_string(t):
             try:
                 array.validate(full=True)  # UTF-8, as to_pylist would decode it
             except pa.ArrowInvalid:
                 return None  # read names the row
-            columns[name] = ("str", _views(array))
+            columns[name] = ("str", binary_views(array))
         elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
-            columns[name] = ("bytes", _views(array))
+            columns[name] = ("bytes", binary_views(array))
         else:
             return None
     return columns
-
-
-def _numbers(array: Any) -> np.ndarray[Any, Any]:
-    """A bool, int or float array's values, from its data buffer (pyarrow's own
-    ``to_numpy`` imports pandas, a quarter of a second in every worker process)."""
-    import pyarrow as pa
-
-    t, data, lo = array.type, array.buffers()[1], array.offset
-    if pa.types.is_boolean(t):
-        bits = np.unpackbits(np.frombuffer(data, np.uint8), bitorder="little")
-        return bits[lo : lo + len(array)]
-    kind = "f" if pa.types.is_floating(t) else "i" if pa.types.is_signed_integer(t) else "u"
-    return np.frombuffer(data, f"<{kind}{t.bit_width // 8}")[lo : lo + len(array)]
-
-
-def _views(array: Any) -> list[memoryview]:
-    """The values of a binary or string array as views of its data buffer."""
-    import pyarrow as pa
-
-    _, offsets, data = array.buffers()
-    large = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
-    wide = "<i8" if large else "<i4"
-    bounds = np.frombuffer(offsets, wide)[array.offset : array.offset + len(array) + 1].tolist()
-    view = memoryview(data) if data is not None else memoryview(b"")
-    return list(map(view.__getitem__, map(slice, bounds[:-1], bounds[1:])))
 
 
 def label_names(units: list[SourceUnit]) -> dict[str, Any]:

@@ -133,7 +133,7 @@ def read_batches(unit: SourceUnit) -> Iterator[Batch]:
         return
     with _folder(unit, index) as folder:
         for start, items, seq_len in _items(unit, folder):
-            where = functools.partial(_nth_where, unit.path, start)
+            where = functools.partial(litdata_chunks.item_where, unit.path, start)
             columns = _token_columns(items, seq_len) if seq_len else _item_columns(items)
             if columns is not None:
                 yield Batch(len(items), where, columns)
@@ -203,10 +203,6 @@ def _record(where: str, item: Any, seq_len: int) -> Record:
     if isinstance(item, dict):
         return where, columns_of(item, where)
     return where, {"value": column_of(item, where)}
-
-
-def _nth_where(path: str, start: int, i: int) -> str:
-    return f"{path} item {start + i}"
 
 
 def _item_columns(items: list[Any]) -> dict[str, tuple[str, Sequence[Any]]] | None:

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from shardstream.errors import InputError
+from shardstream.shard_builder.importers.arrow_buffers import binary_views, numbers
 from shardstream.shard_builder.importers.source import Batch
 from shardstream.shard_builder.importers.values import PLAIN_TYPES, columns_of
 
@@ -137,20 +138,11 @@ def _column(array: Any) -> tuple[str | None, Sequence[Any]]:
 
     kind = array.type
     if array.null_count == 0 and (pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
-        return "bytes", _views(array, np.int64 if pa.types.is_large_binary(kind) else np.int32)
+        return "bytes", binary_views(array)
     if array.null_count == 0 and pa.types.is_boolean(kind):  # LitData's bools: int columns
-        return "int", array.to_numpy(zero_copy_only=False).astype(np.int64).tolist()
+        return "int", numbers(array).astype(np.int64).tolist()
     values = array.to_pylist()
     return plain_encoding(values), values
-
-
-def _views(array: Any, width: type[np.integer[Any]]) -> list[memoryview]:
-    """The values of a binary array without nulls, as views of its data buffer."""
-    _, offsets, data = array.buffers()
-    size = np.dtype(width).itemsize
-    bounds = np.frombuffer(offsets, width, len(array) + 1, array.offset * size).tolist()
-    view = memoryview(data) if data is not None else memoryview(b"")
-    return list(map(view.__getitem__, map(slice, bounds[:-1], bounds[1:])))
 
 
 class _Window:

@@ -118,10 +118,11 @@ class _Chunk:
 
     def where(self, start: int) -> functools.partial[str]:
         """``where`` of a batch whose first record is the chunk's item ``start``."""
-        return functools.partial(_where, self.path, self.base + start)
+        return functools.partial(item_where, self.path, self.base + start)
 
 
-def _where(path: str, start: int, i: int) -> str:
+def item_where(path: str, start: int, i: int) -> str:
+    """How errors name item ``start + i`` of the folder ``path``."""
     return f"{path} item {start + i}"
 
 
