@@ -73,10 +73,15 @@ def plan(inputs: tuple[str, ...], split: str) -> list[SourceUnit]:
     return [SourceUnit(str(f.path), f.size, f.mtime_ns) for f in resolve_inputs(names, _SUFFIXES)]
 
 
-def _batches(path: str, span: tuple[Any, ...] = ()) -> tuple[Any, Iterator[Any]]:
+def _batches(path: str, span: tuple[Any, ...] = (), row: int = 0) -> tuple[Any, Iterator[Any]]:
     """The file's schema and its record batches (with ``span = (first, end)``, batches
     ``first .. end - 1`` of an Arrow file, or the rows of row groups ``first .. end - 1``
-    of a Parquet file)."""
+    of a Parquet file, whose first row is ``row``)."""
+    schema, batches = _opened(path, span)
+    return schema, _checked(path, batches, row)
+
+
+def _opened(path: str, span: tuple[Any, ...]) -> tuple[Any, Iterator[Any]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -96,6 +101,22 @@ def _batches(path: str, span: tuple[Any, ...] = ()) -> tuple[Any, Iterator[Any]]
         pf = pq.ParquetFile(path)
         groups = range(first, pf.metadata.num_row_groups if end is None else end)
         return pf.schema_arrow, pf.iter_batches(batch_size=1024, row_groups=groups)
+
+
+def _checked(path: str, batches: Iterator[Any], row: int) -> Iterator[Any]:
+    """``batches``, with pyarrow's errors on a damaged file (a truncated stream, a bad page)
+    as one :class:`InputError` naming the file and the row it stopped at."""
+    import pyarrow as pa
+
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise InputError(f"{path} row {row}: damaged Arrow/Parquet file ({exc})") from exc
+        yield batch
+        row += batch.num_rows
 
 
 @contextlib.contextmanager
@@ -189,7 +210,7 @@ def _records(path: str, batch: Any, features: dict[str, Any], first: int) -> Ite
 
 
 def read(unit: SourceUnit) -> Iterator[Record]:
-    schema, batches = _batches(unit.path, unit.span)
+    schema, batches = _batches(unit.path, unit.span, unit.first)
     features = features_of(schema)
     row = unit.first
     for batch in batches:
@@ -200,7 +221,7 @@ def read(unit: SourceUnit) -> Iterator[Record]:
 def read_batches(unit: SourceUnit) -> Iterator[Batch]:
     """The records of :func:`read`, one batch per Arrow record batch: columnar where
     :func:`_plain_columns` can, else as rows."""
-    schema, batches = _batches(unit.path, unit.span)
+    schema, batches = _batches(unit.path, unit.span, unit.first)
     features = features_of(schema)
     row = unit.first
     for batch in batches:

@@ -106,3 +106,27 @@ def test_plain_batches_are_columns_and_others_rows() -> None:
     assert hf._plain_columns(with_null, {}) is None
     image = pa.RecordBatch.from_arrays([pa.array([b"\xff\xd8\xff"])], ["img"])
     assert hf._plain_columns(image, {"img": {"_type": "Image"}}) is None
+
+
+@pytest.mark.parametrize("part_bytes", [1 << 30, 20_000])
+def test_a_truncated_arrow_file_is_one_error_naming_file_and_row(
+    part_bytes: int, tmp_path: Path
+) -> None:
+    """pyarrow fails only when it reaches the missing bytes, mid-file: that failure too is
+    one clear error (it escaped as a bare OSError), and nothing is published."""
+    import os
+
+    import pyarrow as pa
+
+    table = pa.table({"text": [f"row {i} " * 20 for i in range(3000)]})
+    path = tmp_path / "data.arrow"
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=300)
+    os.truncate(path, path.stat().st_size * 2 // 3)
+    config = ImportConfig(
+        format="hf", inputs=(str(path),), output=str(tmp_path / "o"), part_bytes=part_bytes,
+        **SMALL,
+    )  # fmt: skip
+    with pytest.raises(InputError, match=r"data\.arrow row \d+: damaged Arrow/Parquet file"):
+        build_import(config)
+    assert not (tmp_path / "o" / "index.json").exists()
