@@ -89,7 +89,7 @@ def test_a_global_header_that_sets_a_path_is_read_by_tarfile(tmp_path: Path) -> 
     assert list(tar_members(str(tmp_path / "p.tar"), "x")) == _theirs(tmp_path / "p.tar")
 
 
-def test_sparse_members_go_to_tarfile_after_the_members_read(
+def test_rare_features_go_to_tarfile_after_the_members_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     members = [(f"m{i}.bin", "file", bytes([i]) * (i * 100)) for i in range(6)]
