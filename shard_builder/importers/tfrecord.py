@@ -87,19 +87,26 @@ def split(unit: SourceUnit, part_bytes: int) -> list[SourceUnit]:
     return parts
 
 
+_VARINT_BYTES = 10  # a protobuf varint holds at most 64 bits: 10 bytes of 7
+
+
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    """The varint at ``buf[pos]`` and the position after it."""
+    """The varint at ``buf[pos]`` and the position after it.
+
+    At most 10 bytes are read: a longer run of continuation bytes is an error, not a
+    bigger number (growing a Python int by 7 bits per byte made a 1 MB varint cost a
+    minute of quadratic work)."""
     byte = buf[pos]
     if byte < 0x80:
         return byte, pos + 1
-    result, shift = byte & 0x7F, 7
-    while True:
+    result, start = byte & 0x7F, pos
+    for shift in range(7, 7 * _VARINT_BYTES, 7):
         pos += 1
         byte = buf[pos]
         result |= (byte & 0x7F) << shift
         if byte < 0x80:
             return result, pos + 1
-        shift += 7
+    raise ValueError(f"a varint longer than {_VARINT_BYTES} bytes at byte {start} of the record")
 
 
 def _fields(buf: bytes, pos: int, end: int) -> list[tuple[int, int, int, int]]:

@@ -42,17 +42,18 @@ class Feature(NamedTuple):
 
 
 def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
-    """The varint at ``buf[pos]`` and the position after it; ``(-1, end + 1)`` when it
-    does not end before ``end``."""
+    """The varint at ``buf[pos]`` and the position after it; ``(0, end + 1)`` (a position
+    past ``end``, which every caller refuses) when it does not end before ``end`` or within
+    10 bytes (a longer one is no layout: the general parser names it; reading it all here
+    was quadratic in its length)."""
     result = shift = 0
-    while pos < end:
-        byte = buf[pos]
+    for at in range(pos, min(end, pos + 10)):
+        byte = buf[at]
         result |= (byte & 0x7F) << shift
-        pos += 1
         if byte < 0x80:
-            return result, pos
+            return result, at + 1
         shift += 7
-    return -1, end + 1
+    return 0, end + 1
 
 
 def layout_of(buf: bytes, start: int, end: int) -> tuple[Feature, ...] | None:

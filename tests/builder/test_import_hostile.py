@@ -77,3 +77,68 @@ def test_a_sparse_member_is_refused_before_anything_is_allocated(
         _import("webdataset", tar, tmp_path / "out")
     assert "\n" not in str(info.value)
     assert not (tmp_path / "out" / "index.json").exists()
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    return bytes(out + bytes([value]))
+
+
+def _field(tag: int, payload: bytes) -> bytes:
+    return bytes([tag]) + _varint(len(payload)) + payload
+
+
+def _example(name: bytes, packed_int64s: bytes) -> bytes:
+    """A ``tf.train.Example`` with one ``int64_list`` feature of the given packed run."""
+    feature = _field(0x1A, _field(0x0A, packed_int64s))  # Feature.int64_list.value
+    return _field(0x0A, _field(0x0A, _field(0x0A, name) + _field(0x12, feature)))
+
+
+def _tfrecord(path: Path, records: list[bytes]) -> None:
+    from shardstream.shard_builder.importers.tfrecord import masked_crc
+
+    with open(path, "wb") as f:
+        for data in records:
+            head = len(data).to_bytes(8, "little")
+            f.write(head + masked_crc(head).to_bytes(4, "little"))
+            f.write(data + masked_crc(data).to_bytes(4, "little"))
+
+
+LONG = 256 * 1024  # bytes of one varint: quadratic parsing took seconds (1 MB: 52-114 s)
+
+
+@pytest.mark.timeout(120)  # a guard only: the assertions are on the error
+@pytest.mark.parametrize(
+    ("records", "bad"),
+    [
+        # An 11-byte varint in a packed int64 list (the old parser dropped the extra bits).
+        ([_example(b"n", _varint(5)), _example(b"n", b"\xff" * 10 + b"\x01")], 1),
+        # A varint as long as the record, as a tag: the general parser's first step.
+        ([_example(b"n", _varint(5)), b"\xff" * LONG + b"\x01"], 1),
+        # A second file whose first record is one long length varint: the layout of a
+        # batch is read from it (tfrecord_layout) before the general parser names it.
+        ([b"\x0a" + b"\xff" * LONG + b"\x01"], 0),
+    ],
+    ids=["11-bytes", "long-tag", "long-length-first-in-batch"],
+)
+def test_a_varint_longer_than_10_bytes_is_an_error_naming_file_and_record(
+    tmp_path: Path, records: list[bytes], bad: int
+) -> None:
+    folder = tmp_path / "tfr"
+    folder.mkdir()
+    _tfrecord(folder / "a.tfrecord", [_example(b"n", _varint(i)) for i in range(3)])
+    _tfrecord(folder / "b.tfrecord", records)
+    pattern = rf"b\.tfrecord record {bad} \(byte \d+\): .*varint longer than 10 bytes"
+    for workers in (1, 2):  # read, and read in batches by a worker process
+        with pytest.raises(InputError, match=pattern):
+            build_import(
+                ImportConfig(
+                    format="tfrecord",
+                    inputs=(str(folder),),
+                    output=str(tmp_path / f"out{workers}"),
+                    **{**SMALL, "workers": workers},  # type: ignore[arg-type]
+                )
+            )
