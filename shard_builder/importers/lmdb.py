@@ -19,6 +19,7 @@ import itertools
 import json
 import os
 import pickle
+import struct
 from collections.abc import Iterator
 from dataclasses import replace
 from operator import itemgetter
@@ -53,6 +54,58 @@ def plan(inputs: tuple[str, ...], option: str = "") -> list[SourceUnit]:
     return units
 
 
+_META = struct.Struct("<QHHHHIIQQ")  # page header (pgno, pad, flags, lower, upper), meta start
+_META_LAST = struct.Struct("<QQ")  # mm_last_pg, mm_txnid: after the two 48-byte MDB_db records
+_MAGIC, _DB_RECORD = 0xBEEFC0DE, 48
+
+
+def check_size(path: str) -> None:
+    """Refuse a database file shorter than its newest meta page says it is.
+
+    LMDB maps the whole file and touches the pages its B-tree names, up to the meta page's
+    last page number; a page past the end of a cut file is a SIGBUS that kills the process
+    without a word. A meta page LMDB cannot read (not LMDB, another layout) is left to
+    ``lmdb.open``, which reports it.
+    """
+    data = os.path.join(path, "data.mdb") if os.path.isdir(path) else path
+    try:
+        with open(data, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            first = _meta(f, 0)
+            metas = [first, _meta(f, first[0])] if first else []
+    except OSError as exc:
+        raise InputError(f"{data}: cannot read the LMDB database ({exc.strerror})") from exc
+    if not size:
+        raise InputError(f"{data}: empty file, not an LMDB database")
+    good = [m for m in metas if m is not None]
+    if not good:
+        return
+    psize, last, _ = max(good, key=lambda m: m[2])  # LMDB takes the newest meta page
+    need = (last + 1) * psize
+    if size < need:
+        raise InputError(
+            f"{data}: truncated LMDB database: {size} bytes, but its meta page needs {need} "
+            f"({last + 1} pages of {psize} bytes); the file was cut short (copy it again)"
+        )
+
+
+def _meta(f: Any, offset: int) -> tuple[int, int, int] | None:
+    """``(page size, last page, transaction id)`` of the meta page at ``offset``, or ``None``
+    where there is none (a 64-bit little-endian LMDB file, the layout py-lmdb writes)."""
+    f.seek(offset)
+    wanted = _META.size + 2 * _DB_RECORD + _META_LAST.size
+    raw = f.read(wanted)
+    if len(raw) < wanted:
+        return None
+    *_, magic, version, _, _ = _META.unpack_from(raw)
+    # The page size is kept in the free-pages DB's md_pad, the first field after the header.
+    psize = int.from_bytes(raw[_META.size : _META.size + 4], "little")
+    last, txnid = _META_LAST.unpack_from(raw, _META.size + 2 * _DB_RECORD)
+    if magic != _MAGIC or version != 1 or psize < 512 or psize & (psize - 1):
+        return None
+    return psize, last, txnid
+
+
 def _open(path: str) -> Any:
     """The database, read-only, with the kernel's readahead: entries are read in key order,
     and without readahead every 4 KiB page of a cold file is a disk read of its own (a cold
@@ -60,6 +113,7 @@ def _open(path: str) -> Any:
     too: LMDB reads the first page of every big value beside its key."""
     import lmdb
 
+    check_size(path)
     try:
         return lmdb.open(
             path, readonly=True, lock=False, subdir=os.path.isdir(path), readahead=True

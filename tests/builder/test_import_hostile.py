@@ -3,6 +3,9 @@ traceback are one :class:`InputError` naming the file and where in it."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -142,3 +145,41 @@ def test_a_varint_longer_than_10_bytes_is_an_error_naming_file_and_record(
                     **{**SMALL, "workers": workers},  # type: ignore[arg-type]
                 )
             )
+
+
+def _cli_import(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "shardstream", "import", *args, "--no-progress"]
+    return subprocess.run(command, check=False, capture_output=True, text=True, timeout=300)
+
+
+def _one_error_line(run: subprocess.CompletedProcess[str], pattern: str) -> None:
+    """The command failed with exit status 1 and one ``error:`` line matching ``pattern``
+    (no traceback, no signal)."""
+    assert run.returncode == 1, (run.returncode, run.stderr)
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in run.stderr, run.stderr
+    assert re.search(pattern, lines[0]), lines[0]
+
+
+def _lmdb(folder: Path, entries: int = 2000) -> Path:
+    import lmdb
+
+    env = lmdb.open(str(folder), map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        for i in range(entries):
+            txn.put(b"k%05d" % i, bytes([i % 256]) * 300)
+    env.close()
+    return folder / "data.mdb"
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.99])
+def test_a_truncated_lmdb_file_is_one_error_not_a_sigbus(tmp_path: Path, keep: float) -> None:
+    # LMDB maps the whole database and reads the pages its B-tree names: a page past the
+    # end of a cut file was a SIGBUS that killed the import without a word.
+    data = _lmdb(tmp_path / "db")
+    cut = int(data.stat().st_size * keep)
+    with open(data, "r+b") as f:
+        f.truncate(cut)
+    run = _cli_import("lmdb", str(tmp_path / "db"), "--output", str(tmp_path / "out"))
+    _one_error_line(run, rf"data\.mdb: truncated LMDB database: {cut} bytes, .* needs \d+")
+    assert not (tmp_path / "out" / "index.json").exists()
