@@ -9,8 +9,10 @@ every request that can carry a body (``POST``, ``PUT``, ``PATCH``, ``DELETE``):
 1. a declared ``Content-Length`` above the route's limit is answered 413 at once;
 2. the bearer token is checked (401 without reading a byte of the body), except on the
    console's sign-in form, whose small body is the token;
-3. the body is read here, counting bytes as they arrive (chunked bodies too) and within
-   ``SHARDSTREAM_BODY_TIMEOUT_S`` from its first byte requested: 413 or 408 otherwise;
+3. the body is read here, whatever the headers say (``Content-Length``, or a
+   ``Transfer-Encoding`` in any spelling: header values are case-insensitive), counting
+   bytes as they arrive and within ``SHARDSTREAM_BODY_TIMEOUT_S`` from its first byte
+   requested: 413 or 408 otherwise, nothing buffered beyond the limit;
 4. the application then gets the whole body at once, so nothing behind this point (a
    database session, the SQLite write gate) ever waits on a client's network.
 
@@ -103,7 +105,10 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         limit, setting = self.limits.for_request(method, str(scope.get("path", "")))
-        has_body = (declared or 0) > 0 or "chunked" in headers.get("transfer-encoding", "")
+        # Whether a body may follow, for closing the connection on a refusal. Header values
+        # are case-insensitive ("Chunked", "gzip, chunked"); the body is read and bounded
+        # below whatever the headers say, so this only decides what an error answer does.
+        has_body = (declared or 0) > 0 or "transfer-encoding" in headers
         try:
             if declared is not None and declared > limit:
                 raise _RefusedError(413, _too_large(limit, setting))
@@ -112,9 +117,9 @@ class RequestGuard:
                 return
             if scope.get("path") != SIGN_IN_PATH:  # the sign-in form is how a token arrives
                 await self._authenticate(scope)
-            if not has_body:
-                await self.app(scope, receive, send)
-                return
+            # Always read here, never by what the headers promise: an application reading
+            # a body the guard let through unread would buffer it without bound or deadline.
+            # A request without a body costs one receive() that answers at once.
             body = await self._read_body(receive, limit, setting)
         except _RefusedError as refused:
             await _answer(send, refused.status, refused.detail, close=has_body)

@@ -9,11 +9,12 @@ write went through meanwhile, the server's memory stayed put.
 from __future__ import annotations
 
 import json
+import select
 import socket
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import closing, contextmanager, suppress
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -262,3 +263,79 @@ def test_large_bodies_leave_memory_and_the_event_loop_alone(tmp_path: Path) -> N
             print(f"server RSS {before / MiB:.0f} -> peak {peak / MiB:.0f} MiB; {results}")
             assert grown < 48, f"server RSS grew {grown:.0f} MiB for four refused bodies"
             assert api.get("/healthz").status_code == 200
+
+
+# Header names and values are case-insensitive (RFC 9110), and a coding list may end in
+# chunked: every spelling must meet the same bounds as the lower-case one.
+CHUNKED_SPELLINGS = ["chunked", "Chunked", "CHUNKED", "cHuNkEd", "gzip, chunked", "gzip,Chunked"]
+
+
+def _chunked_post_headers(server: LiveServer, path: str, spelling: str) -> dict[str, str]:
+    """A JSON post with a token to the API, a sign-in form post (no token) to the console."""
+    if path.startswith("/v1"):
+        return {**_auth(server), "Content-Type": "application/json", "Transfer-Encoding": spelling}
+    form = "application/x-www-form-urlencoded"
+    return {"Content-Type": form, "Origin": "http://test", "Transfer-Encoding": spelling}
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+@pytest.mark.parametrize("spelling", CHUNKED_SPELLINGS)
+@pytest.mark.parametrize("path", ["/ui/login", "/v1/datasets"])
+def test_every_chunked_spelling_is_bounded_in_size(
+    small: LiveServer, spelling: str, path: str
+) -> None:
+    """The body is sent up to one piece past the limit and then the client waits: the
+    server must answer 413 from what it has (a server still buffering would wait for the
+    rest and never answer). The sign-in form is read without a token: the red team's
+    unauthenticated 256 MiB post."""
+    limit = 64 * 1024  # the console's form limit and this server's API limit
+    piece = b"x" * 8192
+    headers = _chunked_post_headers(small, path, spelling)
+    with closing(_connect(small.url)) as sock:
+        sock.sendall(_head("POST", path, headers))
+        sent = 0
+        try:
+            while sent <= limit:
+                sock.sendall(_chunk(piece))
+                sent += len(piece)
+        except OSError:
+            pass  # answered and closed already
+        status, answer, body = _response(sock)
+    assert status == 413, body
+    assert f"{limit} bytes" in json.loads(body)["detail"]
+    assert answer.get("connection") == "close"
+    assert sent <= limit + len(piece)
+    assert _datasets(small) == []
+
+
+def _drip_until_answered(sock: socket.socket, *, drops: int) -> bytes | None:
+    """Send one body byte at a time (0.05 s apart) until the server answers; its first
+    bytes, or None when ``drops`` bytes went out unanswered."""
+    for _ in range(drops):
+        with suppress(OSError):  # closed by the server: its answer waits to be read
+            sock.sendall(_chunk(b"x"))
+        readable, _, _ = select.select([sock], [], [], 0.05)
+        if readable:
+            return sock.recv(65536, socket.MSG_PEEK)
+    return None
+
+
+@pytest.mark.parametrize("spelling", CHUNKED_SPELLINGS)
+@pytest.mark.parametrize("path", ["/ui/login", "/v1/datasets"])
+def test_every_chunked_spelling_is_bounded_in_time(
+    small: LiveServer, spelling: str, path: str
+) -> None:
+    """A body dripped a byte at a time never ends by itself: the server cuts it off with
+    408 (SHARDSTREAM_BODY_TIMEOUT_S is 1 s here), long before 300 drops (15 s) went out."""
+    headers = _chunked_post_headers(small, path, spelling)
+    with closing(_connect(small.url)) as sock:
+        sock.sendall(_head("POST", path, headers))
+        first = _drip_until_answered(sock, drops=300)
+        assert first is not None, "the server took a dripping body for 15 s without answering"
+        status, answer, body = _response(sock)
+    assert status == 408, body
+    assert "SHARDSTREAM_BODY_TIMEOUT_S" in json.loads(body)["detail"]
+    assert answer.get("connection") == "close"
