@@ -18,9 +18,10 @@ import fcntl
 import os
 from pathlib import Path
 
+from shardstream.client.private_paths import open_private
+
 __all__ = ["lock_path", "pin_file", "try_evict_lock", "unlink_and_close"]
 
-_OPEN_LOCK = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
 _OPEN_DATA = os.O_RDONLY | os.O_CLOEXEC
 
 
@@ -33,7 +34,7 @@ def lock_path(path: Path, *, blocking: bool) -> int | None:
     """
     op = fcntl.LOCK_EX if blocking else fcntl.LOCK_EX | fcntl.LOCK_NB
     while True:
-        fd = os.open(path, _OPEN_LOCK, 0o644)
+        fd = open_private(path, os.O_RDWR)
         try:
             fcntl.flock(fd, op)
         except BlockingIOError:

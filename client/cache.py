@@ -52,6 +52,7 @@ from shardstream.client._filelock import lock_path, pin_file, unlink_and_close
 from shardstream.client.cache_keys import CacheLayout, key_to_name, leaf_name
 from shardstream.client.cache_lease import CacheStats, ShardLease
 from shardstream.client.cache_space import CacheSpace
+from shardstream.client.private_paths import FILE_MODE, write_private
 from shardstream.client.verify import (
     Identity,
     TrustedFiles,
@@ -115,7 +116,7 @@ class ShardCache:
             raise ConfigError(
                 f"cache limit_bytes must be a positive int or None, got {limit_bytes!r}"
             )
-        self._layout = CacheLayout(Path(root).expanduser().absolute())
+        self._layout = CacheLayout.at(root)
         self._layout.create()
         self._space = CacheSpace(self._layout, limit_bytes, rescan_interval_s)
         self._touch_ns = int(touch_interval_s * 1e9)
@@ -337,6 +338,8 @@ class ShardCache:
                 target = res.tmp_dir / leaf_name(key)
                 vouched = fetch(target) is True
                 fd, st = _pin_new(target, key, size)
+                os.fchmod(fd, FILE_MODE)  # whatever the fetch (or the umask) made it
+                st = os.fstat(fd)  # the chmod changed its ctime
                 verdict = (vouched and vouched_digest(st, hashes)) or first_digest(fd, st, hashes)
                 if not verdict.ok or verdict.marker is None:
                     raise CorruptShardError(
@@ -424,9 +427,7 @@ def _record_limit(path: Path, limit: int) -> None:
     except (OSError, ValueError):
         pass
     with contextlib.suppress(OSError):
-        tmp = path.with_name(f".limit.{os.getpid()}.tmp")
-        tmp.write_text(f"{limit}\n")
-        os.replace(tmp, path)
+        write_private(path, f"{limit}\n".encode())
 
 
 def _pin_new(target: Path, key: str, size: int) -> tuple[int, os.stat_result]:

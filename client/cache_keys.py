@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+from shardstream.client.private_paths import private_folder
 from shardstream.errors import ConfigError
 
 __all__ = ["MARKER_SUFFIX", "CacheLayout", "TmpEntry", "key_to_name", "parse_tmp_name"]
@@ -150,14 +151,29 @@ class CacheLayout:
         """The private folder of one download (its size reserved by the name)."""
         return self.root / "tmp" / f"{name}.{size}.{pid}"
 
+    @classmethod
+    def at(cls, root: Path | str) -> CacheLayout:
+        """The layout of the cache folder ``root``, its links resolved once: the folder
+        checked by :meth:`create` is the one used, even if a link to it is swapped later."""
+        return cls(Path(root).expanduser().resolve())
+
     def create(self, *folders: Path) -> None:
-        """Create ``folders`` (default: those of the shard cache); a clear ConfigError if
-        the root is not usable."""
+        """Create ``folders`` (default: those of the shard cache), private to this user.
+
+        Raises one ConfigError naming the folder and the fix when the root is not usable:
+        not creatable, or not this user's own (:mod:`..private_paths`: another local user
+        who owns or can write it could swap cached shards and forge their markers)."""
         try:
+            problem = private_folder(self.root, tighten=False)
             for folder in folders or (self.data, self.tmp, self.locks, self.verified):
-                folder.mkdir(parents=True, exist_ok=True)
+                problem = problem or private_folder(folder)
         except OSError as exc:
             raise ConfigError(
                 f"cannot use cache directory {self.root} ({exc.strerror}); set "
                 "SHARDSTREAM_CACHE_DIR (or CacheOptions.dir) to a writable local folder"
             ) from exc
+        if problem:
+            raise ConfigError(
+                f"refusing cache directory {self.root}: {problem} (set SHARDSTREAM_CACHE_DIR "
+                "or CacheOptions.dir to another folder)"
+            )

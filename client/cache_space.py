@@ -39,6 +39,7 @@ from pathlib import Path
 
 from shardstream.client._filelock import lock_path, try_evict_lock, unlink_and_close
 from shardstream.client.cache_keys import MARKER_SUFFIX, CacheLayout, TmpEntry, parse_tmp_name
+from shardstream.client.private_paths import DIR_MODE, open_private
 
 __all__ = ["CacheSpace", "Enforced", "Reservation", "Survey"]
 
@@ -98,7 +99,7 @@ class CacheSpace:
     @contextmanager
     def _locked(self) -> Iterator[_Usage]:
         """Hold the node-wide space lock; read the hint, write it back on exit."""
-        fd = os.open(self.layout.usage, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = open_private(self.layout.usage, os.O_RDWR)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             usage = _parse(os.pread(fd, 128, 0))
@@ -140,7 +141,8 @@ class CacheSpace:
             assert usage.total is not None  # set by the scan when it was missing
             usage.total += size
             tmp_dir = self.layout.tmp_dir(name, size, pid)
-            tmp_dir.mkdir()
+            tmp_dir.mkdir(mode=DIR_MODE)
+            os.chmod(tmp_dir, DIR_MODE)  # the umask may have taken bits away
         return Reservation(tmp_dir, evicted, evicted_bytes, scanned, over)
 
     def release(self, tmp_dir: Path, size: int) -> None:
@@ -208,7 +210,7 @@ class CacheSpace:
     def _flag_over(self, over: bool) -> None:
         flag = self.layout.over_flag
         if over:
-            flag.touch()
+            os.close(open_private(flag, os.O_RDONLY))
         else:
             flag.unlink(missing_ok=True)
 

@@ -34,6 +34,7 @@ from typing import Any
 
 from shardstream.client._filelock import lock_path, unlink_and_close
 from shardstream.client.cache_keys import CacheLayout
+from shardstream.client.private_paths import write_private
 from shardstream.errors import ConfigError
 from shardstream.mds import FileInfo, MDSIndex, ShardInfo
 
@@ -52,7 +53,7 @@ def cached_index(
 
     Concurrent callers on one node download once: the others wait for the first.
     """
-    layout = CacheLayout(cache_root)
+    layout = CacheLayout.at(cache_root)
     folder = layout.index
     layout.create(folder)
     path = folder / f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.json"
@@ -68,9 +69,7 @@ def cached_index(
         index, keys = download()
         for stale in folder.glob(f".{path.name}.*.tmp"):  # the lock's holder is us:
             _remove(stale)  # these were left by a writer killed before its rename
-        tmp = folder / f".{path.name}.{os.getpid()}.tmp"
-        tmp.write_bytes(encode(index, keys))
-        os.replace(tmp, path)
+        write_private(path, encode(index, keys))
         _trim(folder, keep=path)
     finally:
         unlink_and_close(fd, folder / f"{path.name}.lock")

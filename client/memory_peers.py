@@ -30,7 +30,6 @@ import errno
 import fcntl
 import glob
 import os
-import stat
 import struct
 import tempfile
 import time
@@ -38,6 +37,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from shardstream.client.cache_keys import key_to_name
+from shardstream.client.private_paths import open_private, private_folder
 
 __all__ = ["CLAIM_WAIT_S", "BlockClaims", "MemoryPeers"]
 
@@ -120,7 +120,7 @@ class BlockClaims:
         """Hold blocks ``first..last`` (inclusive) while the body fetches them; waits while
         another process holds any of them (at most ``wait_s``, then goes on regardless)."""
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            fd = open_private(self.path, os.O_RDWR)
         except OSError:
             yield  # no claims (e.g. a read-only temp dir): fetch without them
             return
@@ -144,15 +144,11 @@ class BlockClaims:
 
 
 def _private_dirs(*dirs: Path) -> bool:
-    """Create ``dirs`` (mode 0700) and check each is a real folder of this user that no
-    other user can write: another user's folder could hand this process planted links
-    (harmless, every block is verified, but wasted reads) or stall its claims."""
+    """Create ``dirs`` and check each by the node's one rule for private folders
+    (:mod:`~shardstream.client.private_paths`): another user's folder could hand this
+    process planted links (harmless, every block is verified, but wasted reads) or stall
+    its claims."""
     try:
-        for folder in dirs:
-            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-            st = os.lstat(folder)
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
-                return False
+        return not any(private_folder(folder) for folder in dirs)
     except OSError:
         return False
-    return True

@@ -25,6 +25,7 @@ import numpy as np
 
 from shardstream.client.blockfetch import BlockStats, PartialShard
 from shardstream.client.memory_source import block_size_of, check_budget
+from shardstream.client.private_paths import open_private
 from shardstream.client.range_queue import FILL
 from shardstream.client.source import ResolvedSource
 from shardstream.hashing import choose_verify_algo
@@ -90,7 +91,7 @@ class ShardFills:
         def fill(target: Path) -> bool:
             source, local = self.locate(shard)
             info = source.shards[local]
-            fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = open_private(target, os.O_RDWR | os.O_EXCL)
             block = block_size_of(info)
             partial = PartialShard(
                 info=info,

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from shardstream.client.private_paths import write_private
 from shardstream.hashing import choose_verify_algo, new_hasher
 
 __all__ = [
@@ -116,16 +117,10 @@ def write_marker(path: Path, marker: Marker) -> None:
     """Write ``marker`` atomically (temporary file, rename): readers see all or nothing."""
     fields = [_MAGIC, marker.boot, marker.algo, marker.digest, *map(str, marker.identity)]
     line = " ".join(fields) + "\n"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{id(marker)}.tmp")
-    try:
-        tmp.write_text(line, encoding="ascii")
-        os.replace(tmp, path)
-    except FileNotFoundError:
-        pass  # the folder was swept meanwhile: no marker only costs a re-verification
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
+    with contextlib.suppress(FileNotFoundError):
+        # FileNotFoundError: the folder was swept meanwhile; no marker only costs a
+        # re-verification.
+        write_private(path, line.encode("ascii"))
 
 
 def digest_fd(fd: int, algo: str) -> str:
