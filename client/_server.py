@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shardstream.api_client import APIClient
+from shardstream.client.committer import committer_for, existing_committer
 from shardstream.client.index_cache import cached_index
 from shardstream.client.options import ServerOptions, Source
 from shardstream.client.source import ResolvedSource
@@ -22,7 +23,13 @@ from shardstream.wire import VersionStatus
 if TYPE_CHECKING:
     from shardstream.client.dataset import StreamingDataset
 
-__all__ = ["commit_checkpoint", "load_checkpoint", "presigning_store", "resolve_named"]
+__all__ = [
+    "commit_checkpoint",
+    "flush_commits",
+    "load_checkpoint",
+    "presigning_store",
+    "resolve_named",
+]
 
 _PAGE = 10_000  # shards per index page (the server's maximum)
 
@@ -126,19 +133,24 @@ def presigning_store(server: str, dataset: str, version_id: str, token: str | No
     )
 
 
-def _run_id(dataset: StreamingDataset) -> tuple[APIClient, int]:
-    server = dataset.server or ServerOptions()
+def _run_of(server: ServerOptions) -> int:
+    """The run id of ``server`` as a number (:class:`ConfigError` when none or not one)."""
     if server.run is None:
         raise ConfigError(
             "no run id: build the dataset with server=ServerOptions(run=RUN_ID) to commit or "
             "resume checkpoints on the server (create a run with APIClient.create_run)"
         )
     try:
-        run = int(server.run)
+        return int(server.run)
     except ValueError:
         raise ConfigError(
             f"ServerOptions.run must be the run's numeric id, got {server.run!r}"
         ) from None
+
+
+def _run_id(dataset: StreamingDataset) -> tuple[APIClient, int]:
+    server = dataset.server or ServerOptions()
+    run = _run_of(server)
     return _client(server.resolved_url(), server.resolved_token()), run
 
 
@@ -146,21 +158,42 @@ _SESSION = uuid.uuid4().hex[:16]
 """This training process, among the processes a run's checkpoints come from."""
 
 
-def commit_checkpoint(dataset: StreamingDataset, step: int, state: dict[str, Any]) -> None:
+def commit_checkpoint(
+    dataset: StreamingDataset, step: int, state: dict[str, Any], *, wait: bool = False
+) -> None:
     """Store ``state`` as the run's data position at ``step`` (idempotent per step).
+
+    Queued on this process's :class:`~shardstream.client.committer.CheckpointCommitter`
+    and sent in the background; ``wait=True`` returns only once it is durable. Either
+    way, an earlier commit's failure is raised here.
 
     Beside the state go the world size and this process's session id, so the server's
     console can mark where a run was resumed and where its number of ranks changed."""
-    api, run = _run_id(dataset)
+    server = dataset.server or ServerOptions()
+    run = _run_of(server)
+    committer = committer_for(server.resolved_url(), server.resolved_token())
     plan = {**state, "world_size": dataset.topology.world_size, "session": _SESSION}
-    with api:
-        api.commit_checkpoint(
-            run, step=step, epoch=state["epoch"], sample_in_epoch=state["samples"], plan=plan
-        )
+    done = committer.submit(
+        run, step=step, epoch=state["epoch"], sample_in_epoch=state["samples"], plan=plan
+    )
+    if wait:
+        committer.flush()
+        done.result()  # (flush raised it already if it failed)
+
+
+def flush_commits(dataset: StreamingDataset, timeout: float | None = None) -> None:
+    """Wait until the commits this process sent for ``dataset``'s server are durable."""
+    server = dataset.server or ServerOptions()
+    if server.run is None:
+        return  # nothing was ever committed through this dataset
+    committer = existing_committer(server.resolved_url(), server.resolved_token())
+    if committer is not None:
+        committer.flush(timeout)
 
 
 def load_checkpoint(dataset: StreamingDataset, resume: str | int) -> dict[str, Any]:
     """The state committed at step ``resume`` (or the ``"latest"``) for the dataset's run."""
+    flush_commits(dataset)  # this process's own commits first: it reads what it wrote
     api, run = _run_id(dataset)
     with api:
         if resume == "latest":

@@ -132,11 +132,24 @@ class ShardstreamLoader:
             )
         self._epoch, self._consumed = state.epoch, state.batch
 
-    def commit(self, step: int) -> None:
-        """Store the current state on the server as the run's checkpoint at ``step``."""
+    def commit(self, step: int, *, wait: bool = False) -> None:
+        """Store the current state on the server as the run's checkpoint at ``step``.
+
+        Returns at once: the commit is sent in order by a background thread (one per
+        process), retried while the server is unreachable, and flushed by
+        :meth:`flush_commits`, :meth:`close` and at process exit. A commit that failed
+        is logged and raised by the next ``commit`` or ``flush_commits``. ``wait=True``
+        returns only once this commit is durable on the server.
+        """
         from shardstream.client._server import commit_checkpoint
 
-        commit_checkpoint(self.dataset, step, self.state_dict())
+        commit_checkpoint(self.dataset, step, self.state_dict(), wait=wait)
+
+    def flush_commits(self, timeout: float | None = None) -> None:
+        """Wait until every commit made so far is durable; raise if one failed."""
+        from shardstream.client._server import flush_commits
+
+        flush_commits(self.dataset, timeout)
 
     # -- iteration ------------------------------------------------------------------------
 
@@ -225,7 +238,7 @@ class ShardstreamLoader:
         self._deferred = []
         fresh = not (self._workers and all(w.proc.is_alive() for w in self._workers))
         if fresh:
-            self.close()
+            self._stop_workers()
         for w in range(self.num_workers):
             if fresh:  # worker 0 starts building while the next ones fork
                 self._workers.append(self._fork(w))
@@ -262,7 +275,14 @@ class ShardstreamLoader:
         return _Worker(proc, ring, cmd_send, data_recv)
 
     def close(self) -> None:
-        """Stop the workers (they are daemons, so they also end with this process)."""
+        """Flush the commits, then stop the workers (daemons: they also end with this
+        process). A failed commit is raised once the workers are stopped."""
+        try:
+            self.flush_commits()
+        finally:
+            self._stop_workers()
+
+    def _stop_workers(self) -> None:
         self._held = None
         self._deferred = []
         for worker in self._workers:
@@ -281,11 +301,15 @@ class ShardstreamLoader:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        if exc[0] is None:
+            self.close()
+        else:  # keep the error in flight; a failed commit was logged when it failed
+            with contextlib.suppress(ShardstreamError):
+                self.close()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
-            self.close()
+            self._stop_workers()
 
 
 SAMPLE_CHUNK = 2

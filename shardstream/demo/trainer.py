@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
                 if step <= first_epoch:
                     epoch_log.write(f"{step} {ids}\n")
                 if step % args.commit_every == 0:
-                    loader.commit(step)
+                    loader.commit(step, wait=True)  # durable before the model marks the step
                     tmp = args.ckpt_dir / f".model-{step}.tmp"
                     torch.save(
                         {"model": model.state_dict(), "optimizer": optimizer.state_dict()}, tmp
