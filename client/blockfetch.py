@@ -336,12 +336,17 @@ class PartialShard(PieceReads):
         if head is not None:  # never waits on the range queue: safe in its threads
             # The header's own bytes, verified against its digest: a few KiB where block 0
             # is MBs. Its blocks stay pinned (never evicted) while the shard is open.
-            data = read_header(self.store, self.key, self.info, stats=self._stats)
+            held = None
+            with self._cond:  # read whole already (a small shard): its own bytes
+                if self.fd >= 0 and self.complete():
+                    held = os.pread(self.fd, head.length, 0)
+            data = held or read_header(self.store, self.key, self.info, stats=self._stats)
             self._learn_pieces(data)
             with self._cond:
                 if self.fd < 0:
                     raise StorageError(f"{self.key}: the partial shard was closed")
-                pwrite_all(self.fd, data, 0)
+                if held is None:
+                    pwrite_all(self.fd, data, 0)
             self._header_blocks = blocks_between(self.num_blocks, self.block_size, 0, head.length)
             return ShardReader(self.path, self.info)
         fixed = header_bytes(self.info.samples)
