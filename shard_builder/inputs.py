@@ -43,19 +43,45 @@ def stat_file(path: Path) -> InputFile:
     return InputFile(path=Path(os.path.abspath(path)), size=st.st_size, mtime_ns=st.st_mtime_ns)
 
 
-def _matches(arg: str, suffixes: tuple[str, ...]) -> list[Path]:
+def inside(folder: str | Path, name: str | Path, what: str = "file") -> Path:
+    """``folder / name``, where it resolves (``..``, an absolute name, symlinks) inside
+    ``folder``; else one :class:`InputError` naming both.
+
+    A dataset folder from elsewhere must not make an import read, and then publish, some
+    other file of the user's: a name its metadata gives, or a symlink it holds, that leads
+    out of the folder is refused.
+    """
+    path = Path(folder, name)
+    root, real = os.path.realpath(folder), os.path.realpath(path)
+    if os.path.commonpath([root, real]) != root:
+        raise InputError(
+            f"{path}: this {what} resolves to {real}, outside the source folder {folder}; "
+            "refused (copy the file into the folder, or name it as a source of its own)"
+        )
+    return path
+
+
+def _matches(arg: str, suffixes: tuple[str, ...], confined: bool) -> list[Path]:
     if any(ch in arg for ch in _GLOB_CHARS):
         found = [Path(p) for p in glob.glob(arg, recursive=True)]
         files = [p for p in found if p.is_file()]
         for folder in (p for p in found if p.is_dir()):
-            files.extend(files_under(folder, suffixes))
+            files.extend(_under(folder, suffixes, confined))
         return sorted(set(files))
     path = Path(arg)
     if path.is_dir():
-        return files_under(path, suffixes)
+        return _under(path, suffixes, confined)
     if path.is_file():
         return [path]
     raise InputError(f"{arg}: no such file or directory (inputs are files, directories or globs)")
+
+
+def _under(folder: Path, suffixes: tuple[str, ...], confined: bool) -> list[Path]:
+    files = files_under(folder, suffixes)
+    if confined:
+        for path in files:
+            inside(folder, path.relative_to(folder), "file found in the folder")
+    return files
 
 
 def files_under(folder: Path, suffixes: tuple[str, ...]) -> list[Path]:
@@ -67,17 +93,22 @@ def files_under(folder: Path, suffixes: tuple[str, ...]) -> list[Path]:
     return sorted(found)
 
 
-def resolve_inputs(args: Iterable[str], suffixes: tuple[str, ...]) -> list[InputFile]:
+def resolve_inputs(
+    args: Iterable[str], suffixes: tuple[str, ...], *, confined: bool = False
+) -> list[InputFile]:
     """Every input file named by ``args``, in a deterministic order, without duplicates.
 
-    Directories contribute the files under them whose names end in one of ``suffixes``.
-    Raises :class:`InputError` for a path that does not exist or when nothing matches.
+    Directories contribute the files under them whose names end in one of ``suffixes``;
+    with ``confined`` (imports: a dataset folder from elsewhere), a file found in a folder
+    that is a symlink leading out of it is refused (:func:`inside`); a file named on its own
+    is read wherever it is. Raises :class:`InputError` for a path that does not exist or
+    when nothing matches.
     """
     seen: set[Path] = set()
     out: list[InputFile] = []
     names = list(args)
     for arg in names:
-        for path in _matches(arg, suffixes):
+        for path in _matches(arg, suffixes, confined):
             info = stat_file(path)
             if info.path not in seen:
                 seen.add(info.path)

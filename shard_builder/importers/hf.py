@@ -39,7 +39,7 @@ from shardstream.shard_builder.importers.source import (
     Record,
     SourceUnit,
 )
-from shardstream.shard_builder.inputs import resolve_inputs
+from shardstream.shard_builder.inputs import inside, resolve_inputs
 
 _SUFFIXES = (".arrow", ".parquet", ".pq")
 
@@ -52,9 +52,10 @@ def _folder_files(path: str, split: str) -> list[str]:
             raise InputError(
                 f"{path}: a DatasetDict with splits {', '.join(splits)}; choose one with --split"
             )
-        path = os.path.join(path, split)
+        path = str(inside(path, split, "split folder"))
     with open(os.path.join(path, "state.json")) as f:
-        return [os.path.join(path, d["filename"]) for d in json.load(f)["_data_files"]]
+        names = [d["filename"] for d in json.load(f)["_data_files"]]
+    return [str(inside(path, name, "file named in state.json")) for name in names]
 
 
 def plan(inputs: tuple[str, ...], split: str) -> list[SourceUnit]:
@@ -70,7 +71,8 @@ def plan(inputs: tuple[str, ...], split: str) -> list[SourceUnit]:
             or os.path.exists(os.path.join(arg, "dataset_dict.json"))
         )
         names.extend(_folder_files(arg, split) if is_saved else [arg])
-    return [SourceUnit(str(f.path), f.size, f.mtime_ns) for f in resolve_inputs(names, _SUFFIXES)]
+    files = resolve_inputs(names, _SUFFIXES, confined=True)
+    return [SourceUnit(str(f.path), f.size, f.mtime_ns) for f in files]
 
 
 def _batches(path: str, span: tuple[Any, ...] = (), row: int = 0) -> tuple[Any, Iterator[Any]]:

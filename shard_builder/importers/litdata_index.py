@@ -23,6 +23,7 @@ import numpy as np
 
 from shardstream.errors import InputError, ObjectNotFoundError
 from shardstream.shard_builder.importers.source import SourceUnit
+from shardstream.shard_builder.inputs import inside
 from shardstream.storage import ObjectStore, open_store
 
 SCALARS = frozenset({"bytes", "str", "int", "float", "bool"})
@@ -97,6 +98,9 @@ def read_index(source: str) -> LitIndex:
         )
     except (ObjectNotFoundError, OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise InputError(f"{source}: not a LitData optimized folder ({path}: {exc})") from exc
+    if store is None:
+        for name in index.names:  # no chunk read through a symlink that leads out
+            inside(index.source, name, "LitData chunk")
     if len(_INDEXES) >= _KEPT_INDEXES:
         _INDEXES.pop(next(iter(_INDEXES)))
     _INDEXES[(source, index.mtime_ns)] = index

@@ -51,7 +51,7 @@ def masked_crc(data: bytes) -> int:
 
 
 def plan(inputs: tuple[str, ...], option: str = "") -> list[SourceUnit]:
-    files = resolve_inputs(inputs, _SUFFIXES)
+    files = resolve_inputs(inputs, _SUFFIXES, confined=True)
     return [SourceUnit(str(f.path), f.size, f.mtime_ns) for f in files]
 
 

@@ -49,7 +49,7 @@ def expand_braces(pattern: str) -> list[str]:
 def plan(inputs: tuple[str, ...], option: str = "") -> list[SourceUnit]:
     names = [name for arg in inputs for name in expand_braces(arg)]
     local = [n for n in names if not _remote(n)]
-    files = resolve_inputs(local, (".tar",)) if local else []
+    files = resolve_inputs(local, (".tar",), confined=True) if local else []
     units = [SourceUnit(str(f.path), f.size, f.mtime_ns) for f in files]
     for name in (n for n in names if _remote(n)):
         units.extend(_remote_units(name))

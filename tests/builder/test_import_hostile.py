@@ -3,6 +3,7 @@ traceback are one :class:`InputError` naming the file and where in it."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -183,3 +184,87 @@ def test_a_truncated_lmdb_file_is_one_error_not_a_sigbus(tmp_path: Path, keep: f
     run = _cli_import("lmdb", str(tmp_path / "db"), "--output", str(tmp_path / "out"))
     _one_error_line(run, rf"data\.mdb: truncated LMDB database: {cut} bytes, .* needs \d+")
     assert not (tmp_path / "out" / "index.json").exists()
+
+
+def _hf_folder(folder: Path) -> Path:
+    """A ``save_to_disk`` folder of a small dataset; returns its Arrow file."""
+    import datasets
+
+    datasets.Dataset.from_dict({"text": [f"row {i}" for i in range(10)]}).save_to_disk(folder)
+    (arrow,) = folder.glob("*.arrow")
+    return arrow
+
+
+def _outside_copy(arrow: Path, tmp_path: Path) -> Path:
+    outside = tmp_path / "elsewhere" / "private.arrow"
+    outside.parent.mkdir()
+    outside.write_bytes(arrow.read_bytes())
+    return outside
+
+
+def _point_state_at(folder: Path, filename: str) -> None:
+    state = json.loads((folder / "state.json").read_text())
+    state["_data_files"] = [{"filename": filename}]
+    (folder / "state.json").write_text(json.dumps(state))
+
+
+@pytest.mark.parametrize("how", ["dot-dot", "absolute", "symlink"])
+def test_hf_state_json_cannot_reach_outside_the_folder(tmp_path: Path, how: str) -> None:
+    # A saved dataset names its own files: a folder from elsewhere must not make the import
+    # read (and publish) another file of the user's.
+    folder = tmp_path / "ds"
+    arrow = _hf_folder(folder)
+    outside = _outside_copy(arrow, tmp_path)
+    if how == "dot-dot":
+        _point_state_at(folder, "../elsewhere/private.arrow")
+    elif how == "absolute":
+        _point_state_at(folder, str(outside))
+    else:
+        arrow.unlink()
+        arrow.symlink_to(outside)
+    with pytest.raises(InputError, match=r"outside the source folder") as info:
+        _import("hf", folder, tmp_path / "out")
+    assert "private.arrow" in str(info.value) and str(folder) in str(info.value)
+
+
+def test_a_dataset_dict_split_cannot_be_a_symlink_out(tmp_path: Path) -> None:
+    import datasets
+
+    folder = tmp_path / "dd"
+    data = datasets.Dataset.from_dict({"text": ["a", "b"]})
+    datasets.DatasetDict({"train": data}).save_to_disk(folder)
+    (folder / "train").rename(tmp_path / "moved")
+    (folder / "train").symlink_to(tmp_path / "moved")
+    with pytest.raises(InputError, match=r"outside the source folder"):
+        _import("hf", folder, tmp_path / "out")
+
+
+def test_a_litdata_chunk_cannot_be_a_symlink_out(tmp_path: Path) -> None:
+    from litdata import optimize
+
+    folder = tmp_path / "lit"
+    optimize(fn=_lit_item, inputs=list(range(20)), output_dir=str(folder), chunk_size=5,
+             num_workers=1, verbose=False)  # fmt: skip
+    chunk = sorted(folder.glob("*.bin"))[1]
+    moved = tmp_path / "elsewhere.bin"
+    chunk.rename(moved)
+    chunk.symlink_to(moved)
+    with pytest.raises(InputError, match=rf"{chunk.name}.*outside the source folder"):
+        _import("litdata", folder, tmp_path / "out")
+
+
+def _lit_item(i: int) -> dict[str, object]:
+    return {"id": i, "name": f"item {i}"}
+
+
+def test_files_found_in_a_folder_cannot_be_symlinks_out(tmp_path: Path) -> None:
+    # A folder walk takes what the folder holds, not what it points at; a file named on the
+    # command line is the user's own choice and is read wherever it is.
+    elsewhere = tmp_path / "elsewhere.tar"
+    elsewhere.write_bytes(_plain_member("a.txt", b"secret") + b"\0" * 1024)
+    folder = tmp_path / "wds"
+    folder.mkdir()
+    (folder / "shard-0.tar").symlink_to(elsewhere)
+    with pytest.raises(InputError, match=r"shard-0\.tar.*outside the source folder"):
+        _import("webdataset", folder, tmp_path / "out")
+    _import("webdataset", folder / "shard-0.tar", tmp_path / "named")
