@@ -15,7 +15,13 @@ from shardstream.client.committer import committer_for, existing_committer
 from shardstream.client.index_cache import cached_index
 from shardstream.client.options import ServerOptions, Source
 from shardstream.client.source import ResolvedSource
-from shardstream.errors import ConfigError, ResumeError
+from shardstream.errors import (
+    AuthenticationError,
+    ConfigError,
+    NotFoundError,
+    PermissionDeniedError,
+    ResumeError,
+)
 from shardstream.mds import MDSIndex, index_from_json
 from shardstream.storage import HTTPStore, ObjectStore
 from shardstream.wire import VersionStatus
@@ -24,6 +30,7 @@ if TYPE_CHECKING:
     from shardstream.client.dataset import StreamingDataset
 
 __all__ = [
+    "check_run",
     "commit_checkpoint",
     "flush_commits",
     "load_checkpoint",
@@ -152,6 +159,24 @@ def _run_id(dataset: StreamingDataset) -> tuple[APIClient, int]:
     server = dataset.server or ServerOptions()
     run = _run_of(server)
     return _client(server.resolved_url(), server.resolved_token()), run
+
+
+def check_run(server: ServerOptions) -> None:
+    """Refuse, before any batch is read, a run id the server does not know or will not
+    show this token: otherwise the first commit, possibly hours into training, would."""
+    run = _run_of(server)
+    url = server.resolved_url()
+    where = f"run {run} on the server {url} (ServerOptions.run)"
+    try:
+        committer_for(url, server.resolved_token()).api.get_run(run)
+    except NotFoundError:
+        raise ConfigError(
+            f"{where} does not exist: create the run first (APIClient.create_run) and pass its id"
+        ) from None
+    except PermissionDeniedError as exc:
+        raise ConfigError(f"{where}: this token may not read the run ({exc})") from None
+    except AuthenticationError as exc:
+        raise ConfigError(f"{where}: the server refused the token ({exc})") from None
 
 
 _SESSION = uuid.uuid4().hex[:16]

@@ -102,6 +102,10 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             raise ConfigError("StreamingDataset needs at least one source")
         specs = [s if isinstance(s, Source) else Source(s) for s in items]
         self.server = server
+        if server is not None and server.run is not None:
+            from shardstream.client._server import check_run
+
+            check_run(server)  # now, not at the first commit hours into training
         cache = cache or CacheOptions()
         self.resolved: list[ResolvedSource] = [
             resolve_source(s, server, cache.root, require_hashes=cache.require_hashes)

@@ -20,7 +20,7 @@ import pytest
 
 from shardstream.api_client import APIClient
 from shardstream.client import CacheOptions, ServerOptions, ShardstreamLoader, StreamingDataset
-from shardstream.errors import ConflictError
+from shardstream.errors import ConfigError, ConflictError
 from shardstream.shard_builder.publish import register_index
 from tests.client.tcp_gate import TCPGate
 from tests.client.test_dataset_support import write_tokens
@@ -180,3 +180,23 @@ def test_commits_are_durable_when_the_process_exits(
         )
     assert done.returncode == 0, done.stderr
     assert "at exit: [4]" in done.stdout
+
+
+def test_an_unknown_run_is_refused_before_the_first_batch(
+    live_server: LiveServer, run_id: int, tmp_path: Path
+) -> None:
+    """Not at the first commit, possibly hours into training: when the dataset is built."""
+    missing = run_id + 1000
+    for run in (missing, str(missing)):
+        server = ServerOptions(url=live_server.url, token=live_server.token, run=run)
+        with pytest.raises(ConfigError, match=rf"run {missing} on the server {live_server.url}"):
+            StreamingDataset(str(tmp_path / "ds"), 4, server=server)
+    with pytest.raises(ConfigError, match="numeric id"):
+        StreamingDataset(
+            str(tmp_path / "ds"), 4, server=ServerOptions(url=live_server.url, run="x")
+        )
+    known = ServerOptions(url=live_server.url, token=live_server.token, run=run_id)
+    ds = StreamingDataset(
+        str(tmp_path / "ds"), 4, server=known, cache=CacheOptions(dir=tmp_path / "c")
+    )
+    assert ds.num_batches > 0
