@@ -202,4 +202,6 @@ DatasetName = Annotated[
     str, Path(min_length=1, max_length=128, pattern=NAME_PATTERN, description="dataset name")
 ]
 VersionNumber = Annotated[int, Path(ge=1, le=2**31 - 1, description="version number")]
-RunId = Annotated[int, Path(ge=1, le=2**62, description="run id")]
+# Run ids are 32-bit columns: a larger id is refused alike on SQLite and PostgreSQL (whose
+# driver would otherwise fail to bind it), as version numbers and token ids are.
+RunId = Annotated[int, Path(ge=1, le=2**31 - 1, description="run id")]

@@ -19,7 +19,7 @@ from shardstream.server.auth import Principal
 from shardstream.server.models import DatasetRow, RunRow, RunSourceRow, VersionRow, utcnow
 from shardstream.wire import Page, RunCreate, RunPublic, RunSource, RunStatus
 
-from . import decode_cursor
+from . import ID_MAX, decode_cursor
 from .paging import bounded_page, json_size
 
 
@@ -172,7 +172,7 @@ def page(
         fetch,
         lambda r: r.id,
         lambda r: json_size(r.plan),
-        after=decode_cursor(cursor),
+        after=decode_cursor(cursor, upper=ID_MAX),
         limit=limit,
     )
     by_run: dict[int, list[RunSourceRow]] = {r.id: [] for r in shown}

@@ -29,7 +29,7 @@ from shardstream.wire import (
     VersionUpdate,
 )
 
-from . import decode_cursor
+from . import ID_MAX, decode_cursor
 from .paging import bounded_page, json_size
 from .placement import placed_root, registered_root, require_register_right
 
@@ -197,7 +197,7 @@ def page(
         fetch,
         lambda r: r.number,
         lambda r: json_size(r.builder_config) + json_size(r.lineage),
-        after=decode_cursor(cursor),
+        after=decode_cursor(cursor, upper=ID_MAX),
         limit=limit,
     )
     items = [to_public(r, dataset.name) for r in rows]

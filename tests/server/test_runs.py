@@ -112,3 +112,33 @@ def test_metrics_count_checkpoint_commits(api: TestClient, tmp_path: Path) -> No
         "shardstream_http_request_duration_seconds_count"
         '{method="POST",route="/v1/runs/{run_id}/checkpoints"} 3.0' in text
     )
+
+
+def test_run_ids_past_the_id_column_get_the_same_answer_on_every_backend(
+    api: TestClient, tmp_path: Path
+) -> None:
+    """Run ids are 32-bit columns: ids from 2**31 used to be a 404 on SQLite and a 422
+    ("out of range for the database") on PostgreSQL. Both now refuse them alike, naming
+    the parameter and its bound; the largest valid id is an ordinary 404."""
+    run = _run(api, tmp_path)
+    commit = {"step": 1, "epoch": 0, "sample_in_epoch": 256}
+    for run_id in (2**31, 2**40, 2**62):
+        answers = [
+            api.get(f"/v1/runs/{run_id}"),
+            api.patch(f"/v1/runs/{run_id}", json={"status": "completed"}),
+            api.get(f"/v1/runs/{run_id}/checkpoints"),
+            api.get(f"/v1/runs/{run_id}/checkpoints/latest"),
+            api.get(f"/v1/runs/{run_id}/checkpoints/1"),
+            api.post(f"/v1/runs/{run_id}/checkpoints", json=commit),
+        ]
+        for answer in answers:
+            assert answer.status_code == 422, (answer.request.url, answer.text)
+            assert "path.run_id" in answer.json()["detail"]
+            assert str(2**31 - 1) in answer.json()["detail"]
+        page = api.get("/v1/runs", params={"cursor": str(run_id)})
+        assert page.status_code == 422, page.text
+        assert "query.cursor" in page.json()["detail"]
+    assert api.get(f"/v1/runs/{2**31 - 1}").status_code == 404
+    versions = api.get("/v1/datasets/a/versions", params={"cursor": str(2**31)})
+    assert versions.status_code == 422, versions.text  # version numbers are 32-bit too
+    assert api.get(f"/v1/runs/{run['id']}").status_code == 200
