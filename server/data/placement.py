@@ -58,12 +58,20 @@ def require_register_right(may_register: bool, field: str) -> None:
 
 
 def registered_root(
-    session: Session, dataset: DatasetRow, text: str, roots: tuple[Location, ...], field: str
+    session: Session,
+    dataset: DatasetRow,
+    text: str,
+    roots: tuple[Location, ...],
+    field: str,
+    *,
+    visible: frozenset[str] | None,
 ) -> str:
     """Check an admin-chosen storage root and return its canonical URL, or raise.
 
     422 when it is not a storage location, is outside every configured root or is a root
-    itself; 409 when it overlaps another dataset's location or versions.
+    itself; 409 when it overlaps another dataset's location or versions. The 409 names
+    that dataset only when it is among ``visible`` (the caller's datasets; None: all): an
+    admin restricted to some datasets must not learn the others' names this way.
     """
     try:
         wanted = parse_location(text)
@@ -86,9 +94,10 @@ def registered_root(
         )
     other = _overlapping_dataset(session, dataset, wanted)
     if other is not None:
+        whose = f"dataset {other!r}" if visible is None or other in visible else "another dataset"
         raise ConflictError(
-            f"{field}: {wanted.url} overlaps the storage of dataset {other!r}; a dataset "
-            "can only be registered where no other dataset keeps shards",
+            f"{field}: {wanted.url} overlaps the storage of {whose}; a dataset can only be "
+            "registered where no other dataset keeps shards",
             409,
         )
     return wanted.url

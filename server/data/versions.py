@@ -113,13 +113,15 @@ def create_draft(
     created_by: str,
     roots: tuple[Location, ...],
     may_register: bool = False,
+    visible: frozenset[str] | None = frozenset(),
     idempotency_key: str | None = None,
 ) -> tuple[VersionRow, bool]:
     """Open the next-numbered draft at ``<dataset location>/v<number>``.
 
     ``roots`` are the configured storage roots, the default first. A ``storage_root`` in
     the body (registering in place) needs ``may_register`` (an admin) and must pass
-    :func:`.placement.registered_root`.
+    :func:`.placement.registered_root`; its errors name only ``visible`` datasets (the
+    caller's; None: all).
 
     Returns the row and whether it was created. With an ``idempotency_key`` that an
     earlier draft of this dataset was created with, that draft is returned as it is now
@@ -154,7 +156,9 @@ def create_draft(
         or 0
     ) + 1
     storage_root = (
-        registered_root(session, dataset, body.storage_root, roots, "body.storage_root")
+        registered_root(
+            session, dataset, body.storage_root, roots, "body.storage_root", visible=visible
+        )
         if body.storage_root is not None
         else placed_root(dataset, number, roots)
     )
@@ -229,14 +233,18 @@ def update_draft(
     *,
     roots: tuple[Location, ...],
     may_register: bool = False,
+    visible: frozenset[str] | None = frozenset(),
 ) -> VersionRow:
     """Change a draft's columns, config, lineage, or (admins, while it has no shards)
-    storage root; repeating the draft's own storage root is allowed to anyone."""
+    storage root; repeating the draft's own storage root is allowed to anyone. Errors
+    name only ``visible`` datasets (the caller's; None: all)."""
     row = get(session, dataset, number, lock=True)
     _require_draft(row, dataset.name, "change")
     if body.storage_root is not None and not _same_location(body.storage_root, row.storage_root):
         require_register_right(may_register, "body.storage_root")
-        root = registered_root(session, dataset, body.storage_root, roots, "body.storage_root")
+        root = registered_root(
+            session, dataset, body.storage_root, roots, "body.storage_root", visible=visible
+        )
         if root != row.storage_root and row.num_shards:
             raise ConflictError(
                 f"version {number} of {dataset.name!r} already has {row.num_shards} shards "

@@ -327,3 +327,36 @@ def test_a_local_link_out_of_the_root_is_not_published(db_url: str, tmp_path: Pa
             "/v1/datasets/gamma/versions", json={"columns": {}, "storage_root": str(root)}
         )
         assert nested.status_code == 422 and "storage root" in nested.json()["detail"]
+
+
+def test_an_overlap_names_only_datasets_the_admin_may_see(world: World) -> None:
+    """A dataset-restricted admin whose registration overlaps another dataset's storage is
+    refused without learning that dataset's name; an admin over every dataset is told."""
+    b, admin = world.bucket, world.admin
+    assert admin.post("/v1/datasets", json={"name": "hiddenproject"}).status_code == 201
+    vault = f"{b.url}/teams/vault/q7"  # its folder does not give the name away
+    hidden = {"columns": {}, "storage_root": vault}
+    assert admin.post("/v1/datasets/hiddenproject/versions", json=hidden).status_code == 201
+    assert admin.post("/v1/datasets", json={"name": "wiki"}).status_code == 201
+    token = admin.post(
+        "/v1/tokens", json={"name": "wiki-admin", "scopes": ["admin"], "datasets": ["wiki"]}
+    )
+    assert token.status_code == 201, token.text
+    headers = {"Authorization": f"Bearer {token.json()['secret']}"}
+    with httpx.Client(base_url=world.live.url, headers=headers, timeout=30) as restricted:
+        over = {"columns": {}, "storage_root": f"{b.url}/teams/vault"}
+        for answer in (
+            restricted.post("/v1/datasets/wiki/versions", json=over),
+            restricted.post("/v1/datasets/wiki/versions", json={**over, "storage_root": vault}),
+        ):
+            assert answer.status_code == 409, answer.text
+            assert "another dataset" in answer.json()["detail"]
+            assert "hiddenproject" not in answer.text
+        draft = restricted.post("/v1/datasets/wiki/versions", json={"columns": {}})
+        assert draft.status_code == 201, draft.text
+        moved = restricted.patch(f"/v1/datasets/wiki/versions/{draft.json()['number']}", json=over)
+        assert moved.status_code == 409, moved.text
+        assert "hiddenproject" not in moved.text
+    told = admin.post("/v1/datasets/wiki/versions", json=over)
+    assert told.status_code == 409
+    assert "'hiddenproject'" in told.json()["detail"]

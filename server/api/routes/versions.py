@@ -82,6 +82,7 @@ def create_version(
         created_by=who.name,
         roots=settings.resolved_storage_roots,
         may_register=who.scope == Scope.admin,
+        visible=who.datasets,
         idempotency_key=idempotency_key,
     )
     if not created:
@@ -142,6 +143,7 @@ def update_version(
         body,
         roots=settings.resolved_storage_roots,
         may_register=who.scope == Scope.admin,
+        visible=who.datasets,
     )
     return data.to_public(row, name)
 
