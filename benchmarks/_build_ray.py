@@ -45,6 +45,9 @@ def ray_section(
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if address == "local":
+        from tests.fixtures.netns import require_private_netns
+
+        require_private_netns()  # build.py re-runs itself in a private namespace first
         # A loopback instance for this run: no token file written to ~/.ray.
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.2",

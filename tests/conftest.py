@@ -5,9 +5,45 @@ on loopback (``s3``), a PostgreSQL test database (``postgres``), a live shardstr
 server under uvicorn (``server``), a two-node Ray cluster on loopback (``ray_cluster``).
 """
 
+import pytest
+
+from tests.fixtures.netns import in_private_netns
+
 pytest_plugins = [
     "tests.fixtures.s3",
     "tests.fixtures.postgres",
     "tests.fixtures.server",
     "tests.fixtures.ray_cluster",
 ]
+
+
+# --- Ray only in a private network namespace (tests/fixtures/netns.py) ---------------------
+
+RAY_TESTS = pytest.StashKey[list[str]]()
+RAY_RUNNER = "test_ray_tests_run_in_a_private_network_namespace"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In the host's namespace, hand the Ray tests to the runner that starts a private one.
+
+    The tests marked ``ray`` are taken out of this session and ``tests/test_ray_netns.py``
+    runs exactly them under ``tools/in-private-netns``; inside a private namespace the
+    runner itself is the one left out.
+    """
+    runner = [item for item in items if item.name == RAY_RUNNER]
+    if in_private_netns():
+        keep, drop = [i for i in items if i not in runner], runner
+    else:
+        drop = [item for item in items if item.get_closest_marker("ray") is not None]
+        keep = [item for item in items if item not in drop]
+        if drop and not runner:
+            raise pytest.UsageError(
+                f"{len(drop)} selected tests start Ray, which runs only in a private network "
+                "namespace; run them with: tools/in-private-netns python -m pytest -m ray "
+                + " ".join(item.nodeid for item in drop[:3])
+                + (" ..." if len(drop) > 3 else "")
+            )
+        config.stash[RAY_TESTS] = [item.nodeid for item in drop]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.netns import STARTS_RAY, wrapped
+
 REPO = Path(__file__).resolve().parents[1]
 DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 RUNNABLE = {"python", "bash", "sh"}
@@ -74,6 +76,13 @@ def as_script(path: Path, blocks: list[Example]) -> str:
     return "\n".join(parts) + "\n"
 
 
+def starts_ray(doc: Path) -> bool:
+    """True when one of the document's runnable examples starts or joins Ray."""
+    return any(
+        e.skip_reason is None and STARTS_RAY.search(e.body) is not None for e in examples(doc)
+    )
+
+
 def _docs_with_examples() -> list[Path]:
     return [p for p in DOC_FILES if any(e.skip_reason is None for e in examples(p))]
 
@@ -111,7 +120,9 @@ def _start(doc: Path, tmp: Path) -> _DocRun:
     log = tmp / "output.log"  # a file, not a pipe: nobody reads it until the script ends
     with log.open("wb") as out:
         process = subprocess.Popen(
-            ["bash", str(script)],
+            # A document whose examples start Ray runs in a private network namespace
+            # (tests/fixtures/netns.py): Ray's dashboard probes a cloud metadata address.
+            wrapped(["bash", str(script)]) if starts_ray(doc) else ["bash", str(script)],
             cwd=work,
             env=env,
             stdout=out,

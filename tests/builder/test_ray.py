@@ -27,6 +27,9 @@ from tests.builder.conftest import (
 from tests.fixtures.ray_cluster import TEST_RAY_ENV, RayCluster
 from tests.fixtures.s3 import S3Bucket
 
+# Starts Ray: runs only in a private network namespace (tests/fixtures/netns.py).
+pytestmark = pytest.mark.ray
+
 SMALL = {"shard_size": 8192, "allow_small_shards": True, "progress": False}
 
 
@@ -303,3 +306,16 @@ def test_ray_is_imported_only_when_a_build_asks_for_it() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_ray_runs_in_a_private_namespace_and_dials_only_loopback(ray_cluster: RayCluster) -> None:
+    # Where these tests run, loopback is the only interface (tools/in-private-netns), and
+    # every TCP connection the cluster has open (ss: this namespace's sockets) is on it.
+    from tests.fixtures.netns import in_private_netns
+
+    assert in_private_netns()
+    peers = subprocess.run(["ss", "-tnH"], capture_output=True, text=True, check=True).stdout
+    addresses = [line.split()[4].rsplit(":", 1)[0] for line in peers.splitlines() if line]
+    assert addresses, "the cluster holds connections"
+    plain = [a.strip("[]").removeprefix("::ffff:") for a in addresses]  # IPv4-mapped too
+    assert [a for a in plain if not (a.startswith("127.") or a == "::1")] == []

@@ -30,6 +30,9 @@ from tests.fixtures.ray_cluster import RayCluster
 from tests.fixtures.s3 import S3Bucket
 from tests.fixtures.server import start_server
 
+# Starts Ray: runs only in a private network namespace (tests/fixtures/netns.py).
+pytestmark = pytest.mark.ray
+
 REPO = Path(__file__).resolve().parents[2]
 CHUNK = 32 << 10
 SMALL = ["--seq-len", "64", "--shard-size", "8KB", "--allow-small-shards", "--no-progress"]
