@@ -28,9 +28,11 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+import torch
+
 from shardstream.client._worker import worker_main
 from shardstream.client.dataset import StreamingDataset
-from shardstream.client.ring import BatchRing
+from shardstream.client.ring import BatchRing, SlotLoans, view_in
 from shardstream.client.state import ReaderState
 from shardstream.client.stream import MAX_CHUNK
 from shardstream.errors import ConfigError, ShardstreamError
@@ -44,22 +46,26 @@ class WorkerError(ShardstreamError):
 
 class _Worker:
     def __init__(
-        self, proc: BaseProcess, ring: BatchRing, cmd: Connection, data: Connection
+        self, proc: BaseProcess, loans: SlotLoans, cmd: Connection, data: Connection
     ) -> None:
-        self.proc, self.ring, self.cmd, self.data = proc, ring, cmd, data
+        self.proc, self.loans, self.ring, self.cmd, self.data = proc, loans, loans.ring, cmd, data
         # (b, slot, refs, rest, names, last of its slot) received but not yet handed out
         self.pending: deque[tuple[int, int, Any, dict[str, Any], list[str], bool]] = deque()
+        self.lent: tuple[int, torch.Tensor | None] | None = None  # (slot, view or copies)
 
 
 class ShardstreamLoader:
     """Iterates a :class:`StreamingDataset`'s batches with fast worker processes.
 
     ``num_workers=0`` builds batches in the calling process. ``prefetch`` is the number of
-    ring slots (batches in flight) per worker. With ``copy=True`` (default) every batch is
-    copied out of its slot (one memcpy) so it can be kept as long as you like; with
-    ``copy=False`` the batch tensors view the slot and stay valid only until the next batch
-    is requested. ``resume`` (``"latest"`` or a step) loads the state committed to the
-    server for the dataset's run (``ServerOptions(run=...)``).
+    ring slots (chunks of batches in flight) per worker. With ``copy=True`` (default) a
+    batch can be kept as long as you like: its tensors view the worker's shared memory,
+    which goes back to the worker once they are garbage collected (past ``prefetch // 2``
+    slots held per worker, batches are copied out instead, so keeping every batch never
+    stalls the workers); with ``copy=False`` the batch tensors view the slot and stay
+    valid only until the next batch is requested. ``resume`` (``"latest"`` or a step)
+    loads the state committed to the server for the dataset's run
+    (``ServerOptions(run=...)``).
     """
 
     def __init__(
@@ -85,6 +91,7 @@ class ShardstreamLoader:
         self._gen = 0
         self._held: tuple[_Worker, int, int] | None = None  # slot lent out with copy=False
         self._deferred: list[tuple[_Worker, tuple[Any, ...]]] = []  # starts after batch 1
+        self._returned: deque[tuple[SlotLoans, int]] = deque()  # lent slots now unused
         if resume is not None:
             from shardstream.client._server import load_checkpoint
 
@@ -174,25 +181,49 @@ class ShardstreamLoader:
         total = self.dataset.stream.num_batches(epoch)
         for b in range(start, total):
             worker = self._workers[(b - start) % n]
+            self._send_returned()
             if not worker.pending:
                 self._receive(worker, gen, b)
             got, slot, refs, rest, names, last = worker.pending.popleft()
             self._start_deferred()
             if got != b:
                 raise WorkerError(f"loader worker sent batch {got} where batch {b} was due")
-            ring = worker.ring
-            out = {name: ring.tensor(slot, ref, copy=self.copy) for name, ref in refs.items()}
+            out = self._tensors(worker, slot, refs)
             out.update(rest)
             if last:  # the chunk's slot is done once its last batch is handed out
-                if self.copy:
-                    worker.cmd.send(("free", gen, slot))
-                else:
+                lent, worker.lent = worker.lent, None
+                if not self.copy:
                     self._held = (worker, gen, slot)
+                elif lent is not None and lent[1] is None:  # copied out: free at once
+                    worker.cmd.send(("free", gen, slot))
             if self._gen != gen:
                 return  # a newer pass took over the workers
             self._consumed = b + 1
             yield {name: out[name] for name in names}  # the columns' order as built
             self._release_held()
+
+    def _tensors(self, worker: _Worker, slot: int, refs: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The batch's tensors in ``slot``: views of a lent slot, or copies."""
+        ring = worker.ring
+        if not self.copy:
+            return {name: ring.tensor(slot, ref, copy=False) for name, ref in refs.items()}
+        if worker.lent is None or worker.lent[0] != slot:  # the chunk's first batch decides
+            view = worker.loans.lend(slot) if worker.loans.can_lend() else None
+            worker.lent = (slot, view)
+        view = worker.lent[1]
+        if view is None:
+            return {name: ring.tensor(slot, ref, copy=True) for name, ref in refs.items()}
+        return {name: view_in(view, ref) for name, ref in refs.items()}
+
+    def _send_returned(self) -> None:
+        """Give the workers back the lent slots whose views were garbage collected."""
+        while self._returned:
+            loans, slot = self._returned.popleft()
+            loans.back(slot)
+            for worker in self._workers:
+                if worker.loans is loans and worker.proc.is_alive():
+                    with contextlib.suppress(BrokenPipeError, OSError):
+                        worker.cmd.send(("free", self._gen, slot))
 
     def _receive(self, worker: _Worker, gen: int, b: int) -> None:
         """Block until ``worker`` sends its next chunk of pass ``gen``; queue its batches."""
@@ -236,6 +267,7 @@ class ShardstreamLoader:
         """
         name, gen, epoch, first, step = command
         self._deferred = []
+        self._send_returned()
         fresh = not (self._workers and all(w.proc.is_alive() for w in self._workers))
         if fresh:
             self._stop_workers()
@@ -244,7 +276,8 @@ class ShardstreamLoader:
                 self._workers.append(self._fork(w))
             worker = self._workers[w]
             worker.pending.clear()
-            cmd = (name, gen, epoch, first + w, step)
+            worker.lent = None  # an abandoned chunk's view: its slot returns once unused
+            cmd = (name, gen, epoch, first + w, step, sorted(worker.loans.out))
             if w == 0:
                 worker.cmd.send(cmd)
             else:
@@ -272,7 +305,9 @@ class ShardstreamLoader:
         proc.start()
         cmd_recv.close()
         data_send.close()
-        return _Worker(proc, ring, cmd_send, data_recv)
+        return _Worker(
+            proc, SlotLoans(ring, self.prefetch // 2, self._returned), cmd_send, data_recv
+        )
 
     def close(self) -> None:
         """Flush the commits, then stop the workers (daemons: they also end with this
@@ -312,9 +347,11 @@ class ShardstreamLoader:
             self._stop_workers()
 
 
-SAMPLE_CHUNK = 2
-"""Batches per chunk with a ``sample_transform`` (read_images.py: 8 -> 2 is 82% -> 91% of
-the decode limit with 2,048 images)."""
+SAMPLE_CHUNK = 1
+"""Batches per chunk with a ``sample_transform``: per-sample work has nothing to amortize,
+and a slot written for the first time costs a page fault per 4 KiB (one-batch chunks:
+25 faults per 224 x 224 image in a first epoch instead of 38; read_images.py earlier:
+8 -> 2 batches was 82% -> 91% of the decode limit, no idle worker at a pass's end)."""
 
 
 def _chunk_batches(dataset: StreamingDataset) -> int:

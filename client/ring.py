@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import mmap
 import sys
+import weakref
+from collections import deque
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["ArrayRef", "BatchRing", "SlotAllocator"]
+__all__ = ["ArrayRef", "BatchRing", "SlotAllocator", "SlotLoans"]
 
 _ALIGN = 64  # cache-line alignment keeps every column's start aligned for any dtype
 _LINUX = sys.platform.startswith("linux")
@@ -89,6 +91,58 @@ class BatchRing:
         count = int(np.prod(shape, dtype=np.int64))
         raw = self._base[offset : offset + count * torch.empty((), dtype=dtype).element_size()]
         return torch.from_numpy(raw.copy() if copy else raw).view(dtype).view(shape)
+
+    def slot_tensor(self, slot: int) -> tuple[torch.Tensor, np.ndarray[Any, Any]]:
+        """A ``uint8`` tensor over ``slot`` and the array its storage owns (that array is
+        freed only once no tensor viewing the slot is left)."""
+        owner = self.slot_view(slot)
+        return torch.from_numpy(owner), owner
+
+
+def view_in(slot: torch.Tensor, ref: ArrayRef) -> torch.Tensor:
+    """The column ``ref`` as a view of ``slot`` (from :meth:`BatchRing.slot_tensor`)."""
+    offset, dtype_name, shape = ref
+    dtype = getattr(torch, dtype_name)
+    count = 1
+    for dim in shape:
+        count *= dim
+    nbytes = count * dtype.itemsize
+    return slot[offset : offset + nbytes].view(dtype).view(shape)
+
+
+class SlotLoans:
+    """The slots of one ring whose batches the training loop holds as views.
+
+    Handing a batch out as a view of its slot costs nothing, where a copy costs a memcpy
+    of the batch plus a page fault per 4 KiB of fresh memory in the main process (15-30
+    us per 224 x 224 image measured on 2 cores, more than everything else the main
+    process does). A lent slot goes back to its worker once the last tensor viewing it is
+    garbage collected: a finalizer queues it on ``returned``, which the main process
+    drains (a finalizer may run on any thread; sends stay on the main one). At most
+    ``limit`` slots are out at a time, so a training loop that keeps its batches (a list
+    of them, say) gets copies past that instead of stalling the worker.
+    """
+
+    def __init__(self, ring: BatchRing, limit: int, returned: deque[tuple[Any, int]]) -> None:
+        self.ring = ring
+        self.limit = limit
+        self.out: set[int] = set()
+        self._returned = returned
+
+    def can_lend(self) -> bool:
+        """Whether one more slot may go out as views."""
+        return len(self.out) < self.limit
+
+    def lend(self, slot: int) -> torch.Tensor:
+        """A ``uint8`` tensor over ``slot``; views of it keep the slot out."""
+        tensor, owner = self.ring.slot_tensor(slot)
+        self.out.add(slot)
+        weakref.finalize(owner, self._returned.append, (self, slot))
+        return tensor
+
+    def back(self, slot: int) -> None:
+        """``slot`` came back (its finalizer ran)."""
+        self.out.discard(slot)
 
 
 class SlotAllocator:
