@@ -31,6 +31,8 @@ enter and chained with ``raise ... from exc``; they never reach users raw.
 
 from __future__ import annotations
 
+import re
+
 
 class ShardstreamError(Exception):
     """Base class of every error shardstream raises on purpose."""
@@ -41,7 +43,16 @@ class ConfigError(ShardstreamError, ValueError):
 
 
 class InputError(ShardstreamError, ValueError):
-    """The builder's input is malformed; the message names the file and line or row."""
+    """The builder's input is malformed; the message names the file and line or row.
+
+    The message is always one line: a third-party reason quoted in it (pyarrow's end in
+    newlines, or span several) has its line breaks joined into spaces, so the command line
+    prints one error line.
+    """
+
+    def __init__(self, message: object = "", *args: object) -> None:
+        text = re.sub(r"\s*\n\s*(?=\))", "", str(message).strip())  # "(reason\n)" -> "(reason)"
+        super().__init__(re.sub(r"\s*\n\s*", " ", text), *args)
 
 
 class FormatError(ShardstreamError):

@@ -46,16 +46,36 @@ _SUFFIXES = (".arrow", ".parquet", ".pq")
 
 def _folder_files(path: str, split: str) -> list[str]:
     if os.path.exists(os.path.join(path, "dataset_dict.json")):
-        with open(os.path.join(path, "dataset_dict.json")) as f:
-            splits = json.load(f).get("splits", [])
+        splits = _json_field(os.path.join(path, "dataset_dict.json"), "splits")
+        if not all(isinstance(s, str) for s in splits):
+            raise InputError(f"{path}/dataset_dict.json: 'splits' is not a list of names")
         if split not in splits:
             raise InputError(
                 f"{path}: a DatasetDict with splits {', '.join(splits)}; choose one with --split"
             )
         path = str(inside(path, split, "split folder"))
-    with open(os.path.join(path, "state.json")) as f:
-        names = [d["filename"] for d in json.load(f)["_data_files"]]
-    return [str(inside(path, name, "file named in state.json")) for name in names]
+    files = _json_field(os.path.join(path, "state.json"), "_data_files")
+    names = [f.get("filename") if isinstance(f, dict) else None for f in files]
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise InputError(
+            f"{path}/state.json: '_data_files' is not a list of {{\"filename\": NAME}} entries"
+        )
+    return [str(inside(path, str(name), "file named in state.json")) for name in names]
+
+
+def _json_field(path: str, key: str) -> list[Any]:
+    """The list ``key`` of the JSON object in the file ``path`` (metadata ``datasets``
+    writes): anything else is one :class:`InputError` naming the file (and for bad JSON the
+    line and column)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as exc:  # bad JSON and bad UTF-8 are ValueErrors
+        raise InputError(f"{path}: not a readable JSON file ({exc})") from exc
+    value = meta.get(key) if isinstance(meta, dict) else None
+    if not isinstance(value, list):
+        raise InputError(f"{path}: no list {key!r} in it (damaged, or not written by datasets)")
+    return value
 
 
 def plan(inputs: tuple[str, ...], split: str) -> list[SourceUnit]:
@@ -113,6 +133,9 @@ def _checked(path: str, batches: Iterator[Any], row: int) -> Iterator[Any]:
     while True:
         try:
             batch = next(batches)
+            # Offsets, lengths and UTF-8 checked before any value is taken: a damaged file's
+            # offsets pointed reads past its buffers (a SystemError from to_pylist).
+            batch.validate(full=True)
         except StopIteration:
             return
         except (pa.ArrowInvalid, OSError) as exc:
@@ -255,11 +278,7 @@ def _plain_columns(batch: Any, features: dict[str, Any]) -> dict[str, Any] | Non
         elif pa.types.is_floating(t):
             columns[name] = ("float64", numbers(array).astype("<f8"))
         elif pa.types.is_string(t) or pa.types.is_large_string(t):
-            try:
-                array.validate(full=True)  # UTF-8, as to_pylist would decode it
-            except pa.ArrowInvalid:
-                return None  # read names the row
-            columns[name] = ("str", binary_views(array))
+            columns[name] = ("str", binary_views(array))  # UTF-8: checked by _checked
         elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
             columns[name] = ("bytes", binary_views(array))
         else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 import subprocess
 import sys
 import tarfile
@@ -268,3 +269,88 @@ def test_files_found_in_a_folder_cannot_be_symlinks_out(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"shard-0\.tar.*outside the source folder"):
         _import("webdataset", folder, tmp_path / "out")
     _import("webdataset", folder / "shard-0.tar", tmp_path / "named")
+
+
+def _hf_dict(tmp_path: Path) -> Path:
+    import datasets
+
+    folder = tmp_path / "dd"
+    data = datasets.Dataset.from_dict({"text": [f"row {i:03d}" for i in range(10)]})
+    datasets.DatasetDict({"train": data}).save_to_disk(folder)
+    return folder
+
+
+def _write_text(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def _hostile_dataset_dict(text: str) -> object:
+    def make(tmp_path: Path) -> tuple[str, Path, str]:
+        folder = _hf_dict(tmp_path)
+        _write_text(folder / "dataset_dict.json", text)
+        return "hf", folder, r"dataset_dict\.json: "
+
+    return make
+
+
+def _hostile_state(text: str) -> object:
+    def make(tmp_path: Path) -> tuple[str, Path, str]:
+        folder = _hf_dict(tmp_path)
+        _write_text(folder / "train" / "state.json", text)
+        return "hf", folder, r"train/state\.json: "
+
+    return make
+
+
+def _bad_arrow_offsets(tmp_path: Path) -> tuple[str, Path, str]:
+    # A string column whose offsets point past the data: pyarrow reads past its buffer
+    # (a SystemError, or worse) unless the batch is validated before a value is taken.
+    folder = _hf_dict(tmp_path)
+    (arrow,) = (folder / "train").glob("*.arrow")
+    data = bytearray(arrow.read_bytes())
+    at = data.find(struct.pack("<4i", 0, 7, 14, 21))
+    data[at + 8 : at + 12] = struct.pack("<i", 1 << 30)
+    arrow.write_bytes(bytes(data))
+    return "hf", folder, r"\.arrow row 0: damaged Arrow/Parquet file .*out of bounds"
+
+
+def _damaged_parquet_text(tmp_path: Path) -> tuple[str, Path, str]:
+    # pyarrow's messages end in (or hold) newlines: quoted as they were, the error took
+    # several lines.
+    from tests.builder.conftest import make_docs, write_parquet
+
+    path = write_parquet(tmp_path / "a.parquet", make_docs(30))
+    data = bytearray(path.read_bytes())
+    data[-20:-8] = b"\xff" * 12  # inside the footer's thrift metadata
+    path.write_bytes(bytes(data))
+    return "text", path, r"a\.parquet: not a readable Parquet file"
+
+
+HOSTILE = {
+    "dataset_dict-not-json": _hostile_dataset_dict("{not json"),
+    "dataset_dict-a-string": _hostile_dataset_dict('"x"'),
+    "dataset_dict-splits-a-number": _hostile_dataset_dict('{"splits": 0}'),
+    "dataset_dict-splits-not-names": _hostile_dataset_dict('{"splits": [null]}'),
+    "state-not-json": _hostile_state(""),
+    "state-files-not-entries": _hostile_state('{"_data_files": [-1]}'),
+    "arrow-offsets-out-of-bounds": _bad_arrow_offsets,
+    "parquet-footer-garbled": _damaged_parquet_text,
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_input_is_one_error_line_naming_file_and_position(
+    tmp_path: Path, case: str
+) -> None:
+    kind, source, pattern = HOSTILE[case](tmp_path)  # type: ignore[operator]
+    if kind == "text":
+        args = ["build", "text", str(source), "--seq-len", "16"]
+    else:
+        args = ["import", kind, str(source)]
+    command = [sys.executable, "-m", "shardstream", *args, "--output", str(tmp_path / "out")]
+    run = subprocess.run(
+        [*command, "--no-progress"], check=False, capture_output=True, text=True, timeout=300
+    )
+    _one_error_line(run, pattern)
+    assert not (tmp_path / "out" / "index.json").exists()
