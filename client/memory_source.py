@@ -34,6 +34,7 @@ from shardstream.client.blockfetch import PRESENT, BlockStats, PartialShard
 from shardstream.client.memory_peers import MemoryPeers
 from shardstream.client.range_queue import RangeQueue
 from shardstream.client.ranges import DEFAULT_BLOCK_BYTES
+from shardstream.client.refetch import refetched
 from shardstream.errors import ConfigError, HashMismatchError
 from shardstream.hashing import choose_verify_algo, hash_bytes
 from shardstream.mds import ShardInfo
@@ -111,15 +112,19 @@ class MemoryShards:
     def load_whole(self, partial: PartialShard, compression: str | None) -> None:
         """Fill ``partial`` from one whole-object read, verified against the shard's hash
         (shards without block digests, and zstd shards, which ranges cannot split)."""
-        info = partial.info
-        stored = info.stored
-        packed = partial.store.read_bytes(partial.key)
-        self._stats.add(requests=1, bytes_fetched=len(packed))
+        stored = partial.info.stored
         algo = choose_verify_algo(stored.file_hashes)
-        if algo is not None and hash_bytes(algo, packed) != stored.file_hashes[algo]:
-            raise HashMismatchError(
-                f"{partial.key}: {algo} differs from the index; the stored shard is corrupt"
-            )
+
+        def download() -> bytes:
+            data = partial.store.read_bytes(partial.key)
+            self._stats.add(requests=1, bytes_fetched=len(data))
+            if algo is not None and hash_bytes(algo, data) != stored.file_hashes[algo]:
+                raise HashMismatchError(
+                    f"{partial.key}: {algo} differs from the index; the stored shard is corrupt"
+                )
+            return data
+
+        packed = refetched(partial.key, download)  # a flipped byte on the way: again
         if compression is not None:
             from shardstream.mds._compression import _copy_decompressed, compression_extension
 

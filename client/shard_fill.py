@@ -27,6 +27,7 @@ from shardstream.client.blockfetch import BlockStats, PartialShard
 from shardstream.client.memory_source import block_size_of, check_budget
 from shardstream.client.private_paths import open_private
 from shardstream.client.range_queue import FILL
+from shardstream.client.refetch import refetched
 from shardstream.client.source import ResolvedSource
 from shardstream.hashing import choose_verify_algo
 from shardstream.mds import ShardReader, decompress_shard
@@ -44,17 +45,22 @@ def fetch_shard(source: ResolvedSource, shard: int, dest: Path) -> bool:
     """Download shard ``shard`` of ``source`` to ``dest`` verified and uncompressed.
 
     Returns whether the download checked the bytes of ``dest`` against a published hash
-    (an uncompressed shard with one): the cache need not hash them again."""
+    (an uncompressed shard with one): the cache need not hash them again. Bytes that fail
+    the hash are fetched again (:func:`~shardstream.client.refetch.refetched`)."""
     info = source.shards[shard]
     key = source.keys[shard]
     stored = info.stored
-    store = source.store()
+
+    def download(to: Path) -> None:
+        store = source.store()
+        store.download(key, to, expected_size=stored.bytes, expected_hashes=stored.hashes)
+
     if info.compression is None:
-        store.download(key, dest, expected_size=stored.bytes, expected_hashes=stored.hashes)
+        refetched(key, lambda: download(dest))
         return choose_verify_algo(stored.hashes) is not None
     packed = dest.with_name(dest.name + ".packed")
     try:
-        store.download(key, packed, expected_size=stored.bytes, expected_hashes=stored.hashes)
+        refetched(key, lambda: download(packed))
         decompress_shard(packed, dest, info.compression, expected_size=info.raw_data.bytes)
     finally:
         packed.unlink(missing_ok=True)
@@ -105,6 +111,7 @@ class ShardFills:
                 stats=self.stats,
             )
             partial.node_shared = True  # other processes of the node add blocks to it
+            partial.bulk = True  # every block is fetched: the look-ahead reads long ranges
             early = self._memory.get(shard) if self._memory is not None else None
             if early is not None:
                 adopt(partial, early)  # blocks read before this fill started: not twice
