@@ -135,6 +135,8 @@ class Principal:
 
 # Whoever runs the server CLI against the database holds every right already.
 OPERATOR = Principal(name="server operator (CLI)", scope=Scope.admin)
+# Whoever presents SHARDSTREAM_ADMIN_TOKEN (a bearer header, or a console session it opened).
+BOOTSTRAP_ADMIN = Principal(name="admin (SHARDSTREAM_ADMIN_TOKEN)", scope=Scope.admin)
 
 
 def best_scope(scopes: str) -> Scope:

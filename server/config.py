@@ -121,6 +121,18 @@ class Settings(BaseSettings):
     console: bool = Field(
         default=True, description="serve the web console at /ui (false: the API only)"
     )
+    console_session_hours: float = Field(
+        default=12.0,
+        gt=0,
+        le=24 * 30,
+        description="a console session ends this long after sign-in, however active",
+    )
+    console_idle_minutes: float = Field(
+        default=60.0,
+        gt=0,
+        le=24 * 60,
+        description="a console session ends after this long without a request",
+    )
 
     @field_validator("admin_token")
     @classmethod

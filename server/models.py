@@ -176,3 +176,24 @@ class CheckpointRow(Base):
     sample_in_epoch: Mapped[int] = mapped_column(BigInteger)
     plan: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ConsoleSessionRow(Base):
+    """A signed-in console session; only the sha256 of its random id is stored.
+
+    ``binding`` is ``HMAC-SHA256(session id, sha256(secret that signed in))``: the session
+    stands for that one secret (a stored token's, or the bootstrap admin secret's, which is
+    never stored itself), checked on every request.
+    """
+
+    __tablename__ = "console_sessions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    # None: signed in with the bootstrap admin secret (SHARDSTREAM_ADMIN_TOKEN).
+    token_id: Mapped[int | None] = mapped_column(
+        ForeignKey("tokens.id", ondelete="CASCADE"), nullable=True, index=True
+    )
+    binding: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -12,6 +12,7 @@ from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
 
 from shardstream.server.auth import (
+    BOOTSTRAP_ADMIN,
     Principal,
     TokenCache,
     bearer_secret,
@@ -20,7 +21,8 @@ from shardstream.server.auth import (
     principal_for,
 )
 from shardstream.server.config import Settings
-from shardstream.server.console.session import secret_of as console_secret
+from shardstream.server.console import session_store as console_sessions
+from shardstream.server.console.session import is_console_path
 from shardstream.server.data import tokens as tokens_data
 from shardstream.server.models import TokenRow, utcnow
 from shardstream.server.singleflight import SingleFlight
@@ -104,7 +106,8 @@ _PRINCIPAL = "shardstream.principal"
 
 
 async def authenticate(request: Request) -> Principal:
-    """Authenticate the bearer token (401 when missing, unknown, revoked or expired).
+    """Authenticate the caller (401 when missing, unknown, revoked or expired): the bearer
+    token on the API, the session cookie on console pages.
 
     Remembered on the request: the request guard authenticates write requests before
     their body is read, and the routes' dependencies then reuse that answer. Async on
@@ -113,10 +116,11 @@ async def authenticate(request: Request) -> Principal:
     known: Principal | None = request.scope.get(_PRINCIPAL)
     if known is not None:
         return known
-    header = request.headers.get("authorization")
-    console = console_secret(request) if header is None else None  # the console's cookie
-    secret = console if console is not None else bearer_secret(header)
-    principal = await principal_of(request, secret)
+    if is_console_path(request.url.path):
+        # Console pages take their session cookie and nothing else; the API never does.
+        principal = await console_sessions.resolve(request)
+    else:
+        principal = await principal_of(request, bearer_secret(request.headers.get("authorization")))
     request.scope[_PRINCIPAL] = principal
     return principal
 
@@ -126,7 +130,7 @@ async def principal_of(request: Request, secret: str) -> Principal:
     settings: Settings = request.app.state.settings
     admin = settings.admin_token.get_secret_value() if settings.admin_token else None
     if matches_admin_secret(secret, admin):
-        return Principal(name="admin (SHARDSTREAM_ADMIN_TOKEN)", scope=Scope.admin)
+        return BOOTSTRAP_ADMIN
     return await _lookup(request, secret)
 
 

@@ -1,6 +1,6 @@
 """The console's pages: sign-in, datasets -> versions -> shards, runs, tokens.
 
-Each page authenticates the session cookie like a bearer token and reads through the
+Each page resolves the session cookie to its token (:mod:`.session_store`) and reads through the
 same data functions, with the same rights checks, as the JSON API. Pages are bounded like
 API pages: lists are paged (at most :data:`PAGE` rows), a run's chart shows its last
 :data:`CHART_POINTS` checkpoints.
@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from shardstream.errors import APIError, AuthenticationError
 from shardstream.server.api.deps import RunId, SessionDep, authenticate, principal_of
 from shardstream.server.auth import Principal
-from shardstream.server.console import display, progress
+from shardstream.server.console import display, progress, session_store
 from shardstream.server.console.session import (
     PREFIX,
     check_csrf,
@@ -31,7 +31,7 @@ from shardstream.server.console.session import (
     clear_session,
     csrf_token,
     read_form,
-    secret_of,
+    session_id_of,
     set_session,
     who_label,
 )
@@ -65,8 +65,8 @@ class _SignInError(Exception):
 
 
 async def signed_in(request: Request) -> Principal:
-    """The session's token (redirects to sign-in when there is none or it is dead)."""
-    if secret_of(request) is None:
+    """The session's token (redirects to sign-in when there is none or it has ended)."""
+    if session_id_of(request) is None:
         raise _SignInError
     try:
         return await authenticate(request)
@@ -80,12 +80,12 @@ User = Annotated[Principal, Depends(signed_in, scope="function")]
 def _page(
     request: Request, name: str, who: Principal | None, status: int = 200, **context: Any
 ) -> HTMLResponse:
-    secret = secret_of(request)
+    session_id = session_id_of(request) if who is not None else None
     base = {
         "who": who,
         "who_label": who_label(who) if who else "",
         "is_admin": who is not None and who.scope is Scope.admin,
-        "csrf": csrf_token(secret) if secret else "",
+        "csrf": csrf_token(session_id) if session_id else "",
         "now": utcnow(),
     }
     return templates.TemplateResponse(request, name, {**base, **context}, status_code=status)
@@ -104,8 +104,8 @@ def _sign_in_redirect(request: Request) -> RedirectResponse:
 def handle_sign_in(request: Request, exc: Exception) -> Response:
     """The app's handler for :class:`_SignInError` (registered by :func:`install`)."""
     response = _sign_in_redirect(request)
-    if secret_of(request) is not None:
-        clear_session(response, request)  # a revoked or expired token: drop the cookie
+    if session_id_of(request) is not None:
+        clear_session(response, request)  # an ended session: drop the cookie
     return response
 
 
@@ -147,17 +147,19 @@ async def login(request: Request) -> Response:
     try:
         if not secret or len(secret) > 200:
             raise AuthenticationError("give a token (ss_...)", 401)
-        await principal_of(request, secret)
+        principal = await principal_of(request, secret)
     except AuthenticationError as exc:
         return _page(request, "login.html", None, status=401, next=target, failed=str(exc))
+    session_id = await session_store.open_session(request, secret, principal)
     response = RedirectResponse(target, status_code=303)
-    set_session(response, request, secret)
+    set_session(response, request, session_id)
     return response
 
 
 @router.post("/logout")
 async def logout(request: Request) -> Response:
     check_csrf(request, await read_form(request))
+    await session_store.close_session(request)  # every copy of the cookie is dead now
     response = RedirectResponse(f"{PREFIX}/login", status_code=303)
     clear_session(response, request)
     return response

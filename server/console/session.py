@@ -1,13 +1,14 @@
-"""Console sessions: the token in a cookie, CSRF tokens, and who is signed in.
+"""Console sessions: the cookie, session ids, CSRF tokens, and who is signed in.
 
-The cookie holds the token secret itself (HttpOnly: page scripts cannot read it;
-SameSite=Strict: other sites cannot make the browser send it; Path=/ui: the JSON API
-never accepts it, it takes bearer headers only). Each request authenticates it like a
-bearer token (:func:`~shardstream.server.api.deps.authenticate`), so expiry and
-revocation apply at once and no session state lives in the server.
+Signing in with a token opens a server-side session (:mod:`.session_store`): the cookie
+holds a random session id (256 bits), never the token secret, and the database holds only
+its sha256. The cookie is HttpOnly (page scripts cannot read it), SameSite=Strict (other
+sites cannot make the browser send it), Path=/ui, and Secure behind TLS. Only console
+pages accept it, and they accept nothing else: the JSON API takes bearer tokens only,
+and a session id is no token there.
 
-CSRF: every form carries ``HMAC-SHA256(sha256(secret), "console-csrf")``, which only a
-page rendered for this session can know; a POST whose field does not match, or that a
+CSRF: every form carries ``HMAC-SHA256(session id, "console-csrf")``, which only a page
+rendered for this session can know; a POST whose field does not match, or that a
 browser marks as cross-site (``Sec-Fetch-Site``/``Origin``), is refused (403).
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import secrets
 from urllib.parse import parse_qs, urlsplit
 
 from fastapi import Request
@@ -29,25 +31,57 @@ FORM_LIMIT = 64 << 10
 """Bytes a console form may send (a token with 1,000 datasets fits)."""
 
 
-def secret_of(request: Request) -> str | None:
-    """The console session's token secret (``None`` outside the console or signed out)."""
-    path = request.url.path
-    if path != PREFIX and not path.startswith(PREFIX + "/"):
+SESSION_BYTES = 32
+"""Random bytes in a session id (``secrets.token_urlsafe``: 43 characters)."""
+
+
+def is_console_path(path: str) -> bool:
+    """Whether ``path`` is a console page (``/ui`` or below)."""
+    return path == PREFIX or path.startswith(PREFIX + "/")
+
+
+def session_id_of(request: Request) -> str | None:
+    """The session id in the request's cookie (``None`` outside the console, or none)."""
+    if not is_console_path(request.url.path):
         return None
-    return request.cookies.get(COOKIE) or None
+    value = request.cookies.get(COOKIE) or None
+    if value is not None and len(value) > 200:
+        return None  # not one of ours; no need to hash it
+    return value
 
 
-def csrf_token(secret: str) -> str:
-    """The CSRF token of the session of ``secret``."""
-    key = hash_secret(secret).encode()
-    return hmac.new(key, b"console-csrf", hashlib.sha256).hexdigest()
+def new_session_id() -> str:
+    """A fresh random session id."""
+    return secrets.token_urlsafe(SESSION_BYTES)
 
 
-def set_session(response: Response, request: Request, secret: str) -> None:
-    """Sign in: the session cookie (Secure when the request came over TLS)."""
+def session_hash(session_id: str) -> str:
+    """The stored form of a session id (sha256 hex, like token secrets)."""
+    return hash_secret(session_id)
+
+
+def session_binding(session_id: str, secret_hash: str) -> str:
+    """What ties a session to the secret that opened it: an HMAC, under the session id,
+    of that secret's sha256. Checked on every request, so the session stands only for
+    that secret (for the bootstrap admin, only while ``SHARDSTREAM_ADMIN_TOKEN`` is it),
+    and the stored row alone reveals nothing about the secret."""
+    return hmac.new(session_id.encode(), secret_hash.encode(), hashlib.sha256).hexdigest()
+
+
+def csrf_token(session_id: str) -> str:
+    """The CSRF token of the session ``session_id``."""
+    return hmac.new(session_id.encode(), b"console-csrf", hashlib.sha256).hexdigest()
+
+
+def set_session(response: Response, request: Request, session_id: str) -> None:
+    """Sign in: the session cookie (Secure when the request came over TLS).
+
+    No ``Max-Age``: the browser drops it when it closes, and the server ends the session
+    itself (expiry, idle timeout, sign-out, revocation) whatever the browser keeps.
+    """
     response.set_cookie(
         COOKIE,
-        secret,
+        session_id,
         path=PREFIX,
         httponly=True,
         samesite="strict",
@@ -95,11 +129,11 @@ def check_same_site(request: Request) -> None:
 def check_csrf(request: Request, form: dict[str, str]) -> None:
     """403 unless ``form`` carries this session's CSRF token and came from this site."""
     check_same_site(request)
-    secret = secret_of(request)
+    session_id = session_id_of(request)
     sent = form.get("csrf", "")
-    if secret is None:
+    if session_id is None:
         raise AuthenticationError("signed out: sign in again", 401)
-    if not hmac.compare_digest(sent.encode(), csrf_token(secret).encode()):
+    if not hmac.compare_digest(sent.encode(), csrf_token(session_id).encode()):
         raise PermissionDeniedError("the form's CSRF token is missing or wrong; reload", 403)
 
 

@@ -12,7 +12,7 @@ from shardstream.server.auth import Principal, hash_secret, new_secret
 from shardstream.server.models import TokenRow, utcnow
 from shardstream.wire import Page, Scope, TokenCreate, TokenPublic
 
-from . import decode_cursor
+from . import console_sessions, decode_cursor
 
 
 def to_public(row: TokenRow, secret: str | None = None) -> TokenPublic:
@@ -93,11 +93,13 @@ def get(session: Session, token_id: int, *, who: Principal) -> TokenRow:
 
 
 def revoke(session: Session, token_id: int, *, who: Principal) -> TokenPublic:
-    """Revoke a token within ``who``'s rights (idempotent); it stops working at once."""
+    """Revoke a token within ``who``'s rights (idempotent); it stops working at once,
+    and its console sessions end with it."""
     row = get(session, token_id, who=who)
     if row.revoked_at is None:
         row.revoked_at = utcnow()
         session.flush()
+    console_sessions.close_for_token(session, row.id)
     return to_public(row)
 
 

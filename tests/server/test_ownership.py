@@ -192,7 +192,7 @@ def test_migration_0004_keeps_runs_and_leaves_them_ownerless(
     )
     _runs_at_0003(url)
     engine = make_engine(url)
-    upgrade(engine)
+    upgrade(engine, "0004_run_owner")
     assert current_revision(engine) == "0004_run_owner"
     with closing(engine.connect()) as conn:
         assert conn.execute(text("SELECT id, owner, latest_step FROM runs")).all() == [(7, None, 3)]
