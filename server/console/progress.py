@@ -10,6 +10,7 @@ The chart is an inline SVG drawn here: no chart library, nothing fetched by the 
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -60,12 +61,22 @@ class RunProgress:
         return (now or utcnow()) - self.last_checkpoint
 
 
+MAX_EPOCH_SAMPLES = 2**62
+"""Largest epoch size the console believes; a plan saying more is shown without one."""
+
+
 def epoch_samples(plan: dict[str, Any], sources: Sequence[tuple[RunSourceRow, int]]) -> int | None:
     """Samples in one epoch: the plan's ``epoch_size``, else the sources' (mixture counts,
-    else the versions' sample totals times their repeat)."""
+    else the versions' sample totals times their repeat); None when unknown.
+
+    A stored plan is whatever a client sent (older servers did not bound its numbers), so
+    every value is checked here: a value that is not a sensible count or repeat (negative,
+    a bool, ``1e308``, beyond :data:`MAX_EPOCH_SAMPLES`) leaves the size unknown rather
+    than failing the page for every viewer.
+    """
     params = plan.get("plan") if isinstance(plan.get("plan"), dict) else plan
     size = params.get("epoch_size") if isinstance(params, dict) else None
-    if isinstance(size, int) and size > 0:
+    if isinstance(size, int) and _is_count(size) and 0 < size <= MAX_EPOCH_SAMPLES:
         return size
     mixture = params.get("mixture") if isinstance(params, dict) else None
     total = 0
@@ -74,12 +85,25 @@ def epoch_samples(plan: dict[str, Any], sources: Sequence[tuple[RunSourceRow, in
         repeat = 1.0
         if isinstance(mixture, list) and i < len(mixture) and isinstance(mixture[i], list):
             entry = mixture[i]
-            if len(entry) > 2 and isinstance(entry[2], int):
-                count = entry[2]
-            if len(entry) > 1 and isinstance(entry[1], int | float) and entry[1]:
+            if len(entry) > 2 and _is_count(entry[2]):
+                count = int(entry[2])
+            if len(entry) > 1 and _is_number(entry[1]) and entry[1]:
                 repeat = float(entry[1])
-        total += count if count is not None else int(version_samples * repeat)
-    return total or None
+        if count is None:
+            samples = version_samples * repeat
+            if not (math.isfinite(samples) and 0 <= samples <= MAX_EPOCH_SAMPLES):
+                return None
+            count = int(samples)
+        total += count
+    return total if 0 < total <= MAX_EPOCH_SAMPLES else None
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def progress(

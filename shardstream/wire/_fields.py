@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
 
-from ._json import check_json_document, text_problem
+from ._json import check_json_document, check_plan_numbers, text_problem
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,127}$"
 _NAME_RE = re.compile(NAME_PATTERN)
@@ -83,6 +83,12 @@ def _check_json(value: Any, info: ValidationInfo) -> Any:
     return check_json_document(value, what=info.field_name or "document")
 
 
+def _check_plan(value: Any, info: ValidationInfo) -> Any:
+    """A JSON document (:func:`_check_json`) whose numbers are within ±2**64."""
+    what = info.field_name or "plan"
+    return check_plan_numbers(check_json_document(value, what=what), what=what)
+
+
 def utc_timestamp(value: datetime) -> datetime:
     """``value`` as timezone-aware UTC (naive means UTC), or ValueError when the instant
     falls outside years 1-9999 in UTC (``9999-12-31T23:59:59-05:00`` does)."""
@@ -105,6 +111,8 @@ ShardKey = Annotated[str, AfterValidator(check_shard_key)]
 Text = Annotated[str, Field(max_length=10_000), AfterValidator(check_text)]
 Label = Annotated[str, Field(max_length=256), AfterValidator(check_label)]
 JSONObject = Annotated[dict[str, Any], AfterValidator(_check_json)]
+PlanObject = Annotated[dict[str, Any], AfterValidator(_check_plan)]
+"""A run's or a checkpoint's reader plan: a JSON object whose numbers fit ±2**64."""
 UTCTimestamp = Annotated[datetime, AfterValidator(utc_timestamp)]
 Count = Annotated[int, Field(ge=0, le=MAX_INT)]
 

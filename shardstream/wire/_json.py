@@ -121,6 +121,37 @@ def check_json_document(value: Any, *, what: str = "document") -> Any:
     return value
 
 
+PLAN_NUMBER_LIMIT = 2**64
+"""Largest magnitude of a number in a plan: counts, weights and uint64 seeds fit."""
+
+
+def check_plan_numbers(value: Any, *, what: str = "plan") -> Any:
+    """Return ``value`` unless a number in it lies beyond ±:data:`PLAN_NUMBER_LIMIT`.
+
+    A plan holds counts, weights, repeats and seeds; a finite but absurd number (``1e308``)
+    in one made whatever reads the plan overflow (the console's epoch size became
+    infinite). Call after :func:`check_json_document` (which bounds the walk).
+    """
+    stack: list[tuple[Any, str]] = [(value, what)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, dict):
+            stack.extend((child, f"{where}.{str(key)[:40]}") for key, child in item.items())
+        elif isinstance(item, list):
+            stack.extend((child, f"{where}[{i}]") for i, child in enumerate(item))
+        elif (
+            isinstance(item, int | float)
+            and not isinstance(item, bool)
+            and not -PLAN_NUMBER_LIMIT <= item <= PLAN_NUMBER_LIMIT
+        ):
+            shown = f"{item:.6g}" if isinstance(item, float) or item.bit_length() > 64 else item
+            raise ValueError(
+                f"{_short(where)}: {shown} is out of range; numbers in a plan must lie "
+                "within ±2**64 (counts, weights, repeats and seeds do)"
+            )
+    return value
+
+
 def _short(where: str) -> str:
     """A path inside a document, cut to a readable length."""
     return where if len(where) <= 120 else f"{where[:80]}...{where[-30:]}"

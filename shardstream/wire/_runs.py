@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from ._fields import MAX_INT, Count, JSONObject, Name, PublicModel, StrictModel
+from ._fields import MAX_INT, Count, Name, PlanObject, PublicModel, StrictModel
 
 
 class RunStatus(str, Enum):
@@ -35,7 +35,7 @@ class RunCreate(StrictModel):
     sources: Annotated[list[RunSource], Field(min_length=1, max_length=256)]
     seed: Annotated[int, Field(ge=0, le=MAX_INT)] = 0
     global_batch_size: Annotated[int, Field(ge=1, le=MAX_INT)]
-    plan: JSONObject = Field(default_factory=dict)
+    plan: PlanObject = Field(default_factory=dict)
 
 
 class RunUpdate(StrictModel):
@@ -72,7 +72,7 @@ class CheckpointCreate(StrictModel):
     step: Count
     epoch: Count
     sample_in_epoch: Count
-    plan: JSONObject = Field(default_factory=dict)
+    plan: PlanObject = Field(default_factory=dict)
 
 
 class CheckpointPublic(PublicModel):
