@@ -238,9 +238,5 @@ def load_checkpoint(dataset: StreamingDataset, resume: str | int) -> dict[str, A
                 f"run {run} step {checkpoint.step}: sample_in_epoch="
                 f"{checkpoint.sample_in_epoch} is not a whole number of global batches"
             )
-        from shardstream.client.state import ReaderState
-
-        state = ReaderState(
-            checkpoint.epoch, batch, stream.plan_params(), stream.versions, stream.weights
-        ).to_dict()
+        state = stream.reader_state(checkpoint.epoch, batch).to_dict()
     return state

@@ -13,7 +13,7 @@ drives it with its own faster workers.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -220,27 +220,27 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         epoch, batch = self._epoch, self._next
         if batch >= self.stream.num_batches(epoch):  # the pass is complete: next epoch
             epoch, batch = epoch + 1, 0 if self._slot is None else self._slot[0]
-        state = ReaderState(
-            epoch,
-            batch,
-            self.stream.plan_params(),
-            self.stream.versions,
-            self.stream.weights,
-            self._slot,
-        )
-        return state.to_dict()
+        return self.stream.reader_state(epoch, batch, self._slot).to_dict()
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+    def load_state_dict(
+        self, state_dict: Mapping[str, Any], *, allow_changes: Iterable[str] = ()
+    ) -> None:
         """Resume from a :meth:`state_dict` (of this dataset, a worker, or the loader).
 
         A whole ``StatefulDataLoader.state_dict()`` is accepted too: its workers' positions
         are merged into the global one, so a new ``StatefulDataLoader`` over this dataset,
         with any ``num_workers`` and without its own ``load_state_dict``, continues it.
+
+        A state that differs from this reader in anything that decides the order (the
+        order algorithm, the versions, a plan parameter, the data's fingerprint) is
+        refused with a :class:`ResumeError` naming every difference, unless each is named
+        in ``allow_changes`` (e.g. ``["seed"]``); accepted changes are recorded in every
+        later state (``changes``).
         """
         if "_snapshot" in state_dict:  # torchdata's loader state
             state = ReaderState.from_stateful_loader(state_dict)
         else:
             state = ReaderState.from_dict(state_dict)
-        self.stream.accept(state)
+        state = self.stream.accept(state, allow_changes)
         self._resume = state
         self._epoch = state.epoch

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -123,16 +123,17 @@ class ShardstreamLoader:
     def state_dict(self) -> dict[str, Any]:
         """``(epoch, batches consumed)`` + plan parameters + version ids, as a plain dict."""
         epoch, batch = self._normalized()
-        stream = self.dataset.stream
-        return ReaderState(
-            epoch, batch, stream.plan_params(), stream.versions, stream.weights
-        ).to_dict()
+        return self.dataset.stream.reader_state(epoch, batch).to_dict()
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Continue from ``state_dict``: the next batch is the first one not consumed."""
+    def load_state_dict(
+        self, state_dict: Mapping[str, Any], *, allow_changes: Iterable[str] = ()
+    ) -> None:
+        """Continue from ``state_dict``: the next batch is the first one not consumed.
+
+        Differences in what decides the order are refused unless named in
+        ``allow_changes`` (see :meth:`StreamingDataset.load_state_dict`)."""
         state = ReaderState.from_dict(state_dict)
-        stream = self.dataset.stream
-        stream.accept(state)
+        state = self.dataset.stream.accept(state, allow_changes)
         if state.worker is not None:
             raise ConfigError(
                 "this is one DataLoader worker's state; give the loader's own state_dict()"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -26,8 +26,9 @@ from shardstream.client.fetch import ShardFetcher
 from shardstream.client.memory_need import window_need_bytes
 from shardstream.client.memory_source import block_size_of
 from shardstream.client.options import CacheOptions, PlanOptions
-from shardstream.client.plan import EpochPlan, PlanConfig, SourceSpec
+from shardstream.client.plan import PLAN_ALGORITHM, EpochPlan, PlanConfig, SourceSpec
 from shardstream.client.plan._defaults import adopt_saved, default_shape
+from shardstream.client.plan._fingerprint import plan_fingerprint
 from shardstream.client.sample_transform import SampleStage, SampleTransform
 from shardstream.client.source import ResolvedSource
 from shardstream.client.state import ReaderState
@@ -106,6 +107,9 @@ class BatchStream:
         self._shard_bytes = [info.raw_data.bytes for src in self.sources for info in src.shards]
         self._shard_samples = [info.samples for src in self.sources for info in src.shards]
         self._plan: EpochPlan | None = None
+        self._fingerprint: tuple[PlanConfig, str] | None = None
+        self.changes: tuple[Mapping[str, Any], ...] = ()
+        """Order changes a resume accepted (``allow_changes``), carried by every state."""
         # Images stay bytes for a per-sample transform: it decodes them as (C, H, W).
         self._builder = BatchBuilder(
             spec, decode_images=spec.options.decode_images and self.samples is None
@@ -130,9 +134,11 @@ class BatchStream:
         config.check_world_size(self.topology.world_size)
         return config
 
-    def accept(self, state: ReaderState) -> None:
+    def accept(self, state: ReaderState, allow_changes: Iterable[str] = ()) -> ReaderState:
         """Check that ``state`` can resume this stream; adopt its partition count and window
-        unless the user fixed them (:class:`ResumeError` naming the mismatch otherwise)."""
+        unless the user fixed them. :class:`ResumeError` names every difference that
+        ``allow_changes`` does not accept; the state returned records the accepted ones,
+        and so does every state this stream makes from now on (:meth:`reader_state`)."""
         try:
             config = adopt_saved(self.config, state.plan, asdict(self.options))
             config.check_world_size(self.topology.world_size)
@@ -140,7 +146,32 @@ class BatchStream:
             raise ResumeError(f"cannot resume with this world size: {exc}") from exc
         if config != self.config:
             self.config, self._plan = config, None
-        state.check_compatible(self.plan_params(), self.versions)
+        accepted = state.check_compatible(self.reader_state(0, 0), allow_changes)
+        self.changes = accepted.changes
+        return accepted
+
+    def fingerprint(self) -> str:
+        """:attr:`EpochPlan.fingerprint` of this stream's plans (the same for every epoch)."""
+        if self._fingerprint is None or self._fingerprint[0] != self.config:
+            digest = plan_fingerprint(PLAN_ALGORITHM, self.config, self._specs)
+            self._fingerprint = (self.config, digest)
+        return self._fingerprint[1]
+
+    def reader_state(
+        self, epoch: int, batch: int, worker: tuple[int, int] | None = None
+    ) -> ReaderState:
+        """The resume state at ``(epoch, batch)`` of this stream (see :class:`ReaderState`)."""
+        return ReaderState(
+            epoch,
+            batch,
+            self.plan_params(),
+            self.versions,
+            self.weights,
+            worker,
+            algorithm=PLAN_ALGORITHM,
+            fingerprint=self.fingerprint(),
+            changes=self.changes,
+        )
 
     @property
     def versions(self) -> tuple[str, ...]:

@@ -10,7 +10,6 @@ See ``docs/plan.md`` for the algorithm and why each property holds.
 """
 
 from shardstream.client.plan._config import PlanConfig, SourceSpec, Tail
-from shardstream.client.plan._epoch import EpochPlan
-from shardstream.client.plan._state import PlanState
+from shardstream.client.plan._epoch import PLAN_ALGORITHM, EpochPlan
 
-__all__ = ["EpochPlan", "PlanConfig", "PlanState", "SourceSpec", "Tail"]
+__all__ = ["PLAN_ALGORITHM", "EpochPlan", "PlanConfig", "SourceSpec", "Tail"]

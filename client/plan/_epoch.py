@@ -29,10 +29,10 @@ from numpy.typing import ArrayLike, NDArray
 
 from shardstream.client.plan._bijection import derive_key, permute
 from shardstream.client.plan._config import PlanConfig, SourceSpec
+from shardstream.client.plan._fingerprint import plan_fingerprint
 from shardstream.client.plan._mixing import mix_positions
 from shardstream.client.plan._mixture import SpanTable, build_spans, source_totals
 from shardstream.client.plan._schedule import PlanView, rank_schedule, rank_shard_items
-from shardstream.client.plan._state import PlanState, plan_fingerprint
 from shardstream.errors import PlanError
 
 I64 = NDArray[np.int64]
@@ -126,20 +126,6 @@ class EpochPlan:
         A resume state made under one fingerprint is only valid for a plan with the same one.
         """
         return plan_fingerprint(PLAN_ALGORITHM, self.config, self.sources)
-
-    def state(self, batches: int) -> PlanState:
-        """The resume state after ``batches`` global batches of this epoch."""
-        if not 0 <= batches <= self.num_batches:
-            raise PlanError(f"batches={batches} is outside 0 .. {self.num_batches}")
-        return PlanState(self.epoch, batches, self.config.global_batch_size, self.fingerprint)
-
-    def resume_batch(self, state: PlanState) -> int:
-        """The first global batch to read when resuming ``state`` with this plan (O(1)).
-
-        Raises :class:`ResumeError` when the state was made with other sources, versions or
-        plan parameters, for another epoch, or past this epoch's end.
-        """
-        return state.start_batch(self.fingerprint, self.epoch, self.num_batches)
 
     # ---- the order -----------------------------------------------------------------------
     def _items(self, part: I64, t: I64) -> I64:

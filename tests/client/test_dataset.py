@@ -180,7 +180,7 @@ def test_stateful_dataloader_resumes_exactly(
 
 def test_state_from_other_plan_is_refused(tokens_dir: Path, tmp_path: Path) -> None:
     state = make(tokens_dir, tmp_path, plan=PlanOptions(seed=1)).state_dict()
-    with pytest.raises(ResumeError, match="'seed'"):
+    with pytest.raises(ResumeError, match="seed: saved 1, now 2"):
         make(tokens_dir, tmp_path, plan=PlanOptions(seed=2)).load_state_dict(state)
     with pytest.raises(ResumeError, match="global_batch_size"):
         make(tokens_dir, tmp_path, batch=6, plan=PlanOptions(seed=1)).load_state_dict(state)

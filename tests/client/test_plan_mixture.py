@@ -12,8 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
-from shardstream.client.plan import EpochPlan, PlanConfig, PlanState, SourceSpec
-from shardstream.errors import PlanError, ResumeError
+from shardstream.client.plan import PLAN_ALGORITHM, EpochPlan, PlanConfig, SourceSpec
+from shardstream.client.plan._fingerprint import plan_fingerprint
+from shardstream.errors import PlanError
 
 SETTINGS = settings(
     max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
@@ -199,18 +200,15 @@ def test_source_spec_validation() -> None:
         SourceSpec(shard_sizes=np.array([1.5]))
 
 
-def test_state_round_trip_and_mismatch() -> None:
+def test_fingerprint_names_the_data_the_parameters_and_the_algorithm() -> None:
+    # The resume state (client/state.py) carries this digest: it must change with the
+    # version, every plan parameter and the algorithm, and not with the epoch.
     src = [SourceSpec(shard_sizes=np.full(8, 30), name="d@v1")]
     plan = EpochPlan(src, PlanConfig(seed=4, global_batch_size=16, num_partitions=2), 1)
-    state = PlanState.from_dict(plan.state(5).to_dict())
-    assert state.samples == 80 and plan.resume_batch(state) == 5
+    assert EpochPlan(src, plan.config, 2).fingerprint == plan.fingerprint
     other_version = EpochPlan([SourceSpec(shard_sizes=np.full(8, 30), name="d@v2")], plan.config, 1)
-    with pytest.raises(ResumeError, match="different plan"):
-        other_version.resume_batch(state)
+    other_sizes = EpochPlan([SourceSpec(shard_sizes=np.full(8, 31), name="d@v1")], plan.config, 1)
     other_batch = EpochPlan(src, PlanConfig(seed=4, global_batch_size=32, num_partitions=2), 1)
-    with pytest.raises(ResumeError, match="global_batch_size"):
-        other_batch.resume_batch(state)
-    with pytest.raises(ResumeError, match="epoch 1, plan is 2"):
-        EpochPlan(src, plan.config, 2).resume_batch(state)
-    with pytest.raises(ResumeError, match="not valid"):
-        PlanState.from_dict({"epoch": 1})
+    prints = {p.fingerprint for p in (plan, other_version, other_sizes, other_batch)}
+    assert len(prints) == 4
+    assert plan_fingerprint(PLAN_ALGORITHM + 1, plan.config, src) != plan.fingerprint
