@@ -1,4 +1,7 @@
-"""``shardstream cache stats|prune DIR``: see and enforce a node cache's limit.
+"""``shardstream cache stats|prune [DIR]``: see and enforce a node cache's limit.
+
+DIR defaults to the folder readers use by default (``$SHARDSTREAM_CACHE_DIR``, else
+``<tmp>/shardstream-cache-<uid>``: :func:`~shardstream.client.options.default_cache_dir`).
 
 Safe while training runs on the node: ``prune`` evicts through the same lock and pin
 protocol as the readers (:mod:`~shardstream.client.cache_space`), so a shard in use is
@@ -17,6 +20,11 @@ if TYPE_CHECKING:
     from shardstream.client.cache_space import CacheSpace
 
 __all__ = ["register"]
+
+_DIR_HELP = (
+    "the cache directory (default: $SHARDSTREAM_CACHE_DIR, else <tmp>/shardstream-cache-<uid>, "
+    "the folder readers use by default)"
+)
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -48,11 +56,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     sub = parser.add_subparsers(dest="cache_command", metavar="ACTION", required=True)
     stats = sub.add_parser("stats", help="entries, bytes, limit and pinned shards")
-    stats.add_argument("dir", type=Path, help="the cache directory")
+    stats.add_argument("dir", type=Path, nargs="?", help=_DIR_HELP)
     stats.add_argument("--json", action="store_true", help="print one JSON object")
     stats.set_defaults(handler=_stats)
     prune = sub.add_parser("prune", help="evict unpinned shards until within the limit")
-    prune.add_argument("dir", type=Path, help="the cache directory")
+    prune.add_argument("dir", type=Path, nargs="?", help=_DIR_HELP)
     prune.add_argument(
         "--limit",
         type=parse_size,
@@ -62,14 +70,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     prune.set_defaults(handler=_prune)
 
 
+def _cache_dir(args: argparse.Namespace) -> Path:
+    """The folder given, else the readers' default (filled in on ``args`` for messages)."""
+    if args.dir is None:
+        from shardstream.client.options import default_cache_dir
+
+        args.dir = default_cache_dir()
+    return Path(args.dir)
+
+
 def _space(root: Path, limit: int | None) -> CacheSpace:
     from shardstream.client.cache_keys import CacheLayout
     from shardstream.client.cache_space import CacheSpace
     from shardstream.errors import ConfigError
 
-    layout = CacheLayout(root.expanduser().absolute())
+    layout = CacheLayout.at(root)
     if not layout.data.is_dir():
-        raise ConfigError(f"{root} is not a shardstream cache (it has no data/ folder)")
+        what = "no shardstream cache yet" if not layout.root.exists() else "not a shardstream cache"
+        raise ConfigError(
+            f"{root} is {what} (it has no data/ folder); give the folder your readers use "
+            "(CacheOptions.dir), or set SHARDSTREAM_CACHE_DIR to it"
+        )
     return CacheSpace(layout, limit, rescan_interval_s=0.0)
 
 
@@ -77,13 +98,13 @@ def _recorded_limit(root: Path) -> int | None:
     from shardstream.client.cache_keys import CacheLayout
 
     try:
-        return int(CacheLayout(root.expanduser().absolute()).limit_file.read_text().strip())
+        return int(CacheLayout.at(root).limit_file.read_text().strip())
     except (OSError, ValueError):
         return None
 
 
 def _stats(args: argparse.Namespace) -> int:
-    limit = _recorded_limit(args.dir)
+    limit = _recorded_limit(_cache_dir(args))
     survey = _space(args.dir, limit).survey()
     total = survey.bytes + survey.download_bytes
     report = {
@@ -114,7 +135,8 @@ def _stats(args: argparse.Namespace) -> int:
 def _prune(args: argparse.Namespace) -> int:
     from shardstream.errors import ConfigError
 
-    limit = args.limit if args.limit is not None else _recorded_limit(args.dir)
+    root = _cache_dir(args)
+    limit = args.limit if args.limit is not None else _recorded_limit(root)
     if limit is None:
         raise ConfigError(f"{args.dir}: no limit recorded by a reader; pass --limit SIZE")
     done = _space(args.dir, limit).enforce(force_scan=True)
