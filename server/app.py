@@ -23,6 +23,7 @@ from shardstream.server.api.routes import datasets, health, runs, shards, tokens
 from shardstream.server.auth import TokenCache
 from shardstream.server.config import Settings, get_settings
 from shardstream.server.console import pages as console
+from shardstream.server.console.headers import ConsoleHeaders
 from shardstream.server.data import datasets as datasets_data
 from shardstream.server.data import runs as runs_data
 from shardstream.server.data import versions as versions_data
@@ -126,4 +127,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.add_middleware(RequestGuard, limits=limits, authenticate=authenticate)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
+    if settings.console:
+        app.add_middleware(ConsoleHeaders)  # outermost: the guard's answers under /ui too
     return app

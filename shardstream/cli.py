@@ -10,9 +10,12 @@ with the ``pip install`` line that fixes it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import importlib
 import logging
+import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -106,7 +109,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``shardstream`` console script; returns the exit status."""
+    """Entry point of the ``shardstream`` console script; returns the exit status.
+
+    When the reader of the output goes away (``shardstream runs show 7 | head``), the
+    command stops quietly with status 141, as a Unix tool killed by SIGPIPE does."""
+    try:
+        try:
+            return _main(argv)
+        finally:  # a reader gone shows up here, not at exit (where it would be a traceback)
+            sys.stdout.flush()
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """Stop after a write to a closed pipe: no traceback, and no second error when Python
+    flushes what is left of stdout at exit (it goes to /dev/null instead)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return 128 + signal.SIGPIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

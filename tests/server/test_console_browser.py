@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, cast
 
@@ -120,6 +122,10 @@ def test_console_in_a_real_browser(server: LiveServer, browser: WebDriver, shots
     assert browser.current_url.endswith("/ui/runs")
     cookie = browser.get_cookie("shardstream_console")
     assert cookie is not None and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    assert cookie["value"] != server.token  # a session id, never the token
+    # The content security policy leaves the page's own styles working.
+    header = browser.find_element(By.TAG_NAME, "header")
+    assert header.value_of_css_property("background-color") == "rgba(29, 42, 58, 1)"
 
     # Datasets -> a dataset's versions -> a version's shards, sorted and paged.
     go(By.ID, "nav-datasets")
@@ -188,3 +194,56 @@ def test_console_in_a_real_browser(server: LiveServer, browser: WebDriver, shots
         )
     )
     assert all((shots / p).stat().st_size > 5_000 for p in pictures)
+
+
+@pytest.fixture
+def other_site(server: LiveServer) -> Iterator[str]:
+    """Another origin on loopback (another port) serving a page that frames the console's
+    sign-in form and, as a control, the server's health check."""
+    page = (
+        f"<iframe id='control' src='{server.url}/healthz'></iframe>"
+        f"<iframe id='console' src='{server.url}/ui/login'></iframe>"
+    ).encode()
+
+    class Framer(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    site = ThreadingHTTPServer(("127.0.0.1", 0), Framer)
+    thread = threading.Thread(target=site.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{site.server_address[1]}/"
+    finally:
+        site.shutdown()
+        site.server_close()
+        thread.join()
+
+
+def test_no_other_page_can_frame_the_console(
+    server: LiveServer, browser: WebDriver, other_site: str
+) -> None:
+    """The control frame loads; the console refuses to be framed (Chrome's error page)."""
+    browser.get(other_site)
+
+    def loaded(frame: str) -> str:
+        """The frame's address once its navigation has ended (about:blank before)."""
+        browser.switch_to.default_content()
+        browser.switch_to.frame(frame)
+        href = browser.execute_script(
+            "return document.readyState === 'complete' ? location.href : 'about:blank'"
+        )
+        return "" if href == "about:blank" else str(href)
+
+    assert WebDriverWait(browser, 30).until(lambda _: loaded("control")).endswith("/healthz")
+    assert '"ok"' in browser.find_element(By.TAG_NAME, "body").text.lower()
+    refused = WebDriverWait(browser, 30).until(lambda _: loaded("console"))
+    assert refused.startswith("chrome-error://"), refused
+    assert browser.find_elements(By.ID, "token") == []
