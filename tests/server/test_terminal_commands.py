@@ -4,6 +4,10 @@ environment as the SDK reads it, and a restricted token seeing only its datasets
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,3 +78,31 @@ def test_terminal_commands_show_what_the_token_may_read(
     assert main(["tokens", "revoke", str(reader["id"])]) == 0
     assert "revoked_at" in capsys.readouterr().out
     assert main(["datasets", "list", "--token", secret]) == 1  # a revoked token is refused
+
+
+def test_runs_show_into_a_closed_pipe_ends_quietly(
+    live_server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``shardstream runs show N | head``: once the reader is gone, the command stops like
+    a Unix tool (status 141, SIGPIPE's), with no BrokenPipeError traceback."""
+    monkeypatch.setenv("SHARDSTREAM_SERVER", live_server.url)
+    monkeypatch.setenv("SHARDSTREAM_TOKEN", live_server.token)
+    with APIClient() as api:
+        _publish(api, live_server.storage_root, "alpha")
+        run = api.create_run([("alpha", 1)], global_batch_size=8, seed=3, name="r1")
+        for step in range(1, 4):
+            api.commit_checkpoint(run.id, step=step * 10, epoch=0, sample_in_epoch=step * 80)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # what `| head` leaves once it has its lines
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "shardstream", "runs", "show", str(run.id)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (128 + signal.SIGPIPE, "")
