@@ -37,9 +37,23 @@ def to_torch(batch: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in batch.items():
         if isinstance(value, np.ndarray) and value.dtype != object:
-            out[name] = torch.from_numpy(value)
+            out[name] = _tensor(value)
         elif isinstance(value, list) and value and isinstance(value[0], np.ndarray):
-            out[name] = [torch.from_numpy(np.ascontiguousarray(v)) for v in value]
+            out[name] = [_tensor(v) for v in value]
         else:
             out[name] = value
     return out
+
+
+def _tensor(array: np.ndarray[Any, Any]) -> torch.Tensor:
+    """The tensor of ``array``, sharing its memory where it is writable and contiguous.
+
+    A read-only array (a variable-length value is a view of the shard's read-only memory
+    map) is copied: a tensor over it would fault on the first in-place write, and torch
+    warns about it. (A copy-on-write mapping would spare the copy, but a write would then
+    change what later reads of the sample in this process see.) Batch arrays (fixed-size
+    columns, stacked values) are writable: no copy.
+    """
+    if not array.flags.writeable:
+        return torch.from_numpy(np.array(array, order="C"))
+    return torch.from_numpy(np.ascontiguousarray(array))
