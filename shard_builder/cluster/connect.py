@@ -13,13 +13,15 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from shardstream.errors import ConfigError
 
 _INSTALL = "pip install 'shardstream[ray]'"
+_LOOPBACK = "127.0.0.1"
+_NO_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # Ray's "no cluster" setting, see below
 # Settings the workers need to reach the same object store as the driver. A worker
 # process gets the environment of its node's raylet, not the driver's.
 _FORWARDED_PREFIXES = ("AWS_",)
@@ -111,28 +113,57 @@ def ray_session(options: RayOptions) -> Iterator[Any]:
         "configure_logging": True,
     }
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if options.address == "local":
-        # Everything on loopback: a try-out instance must not listen on the network.
-        # (Ray maps 127.0.0.1 to the machine's interface address; 127.0.0.2 stays loopback.)
-        kwargs.update(
-            address="local",  # a new instance, even where `ray start` runs a cluster already
-            num_cpus=options.workers or os.cpu_count() or 1,
-            include_dashboard=False,
-            _node_ip_address=os.environ.get("SHARDSTREAM_RAY_LOCAL_IP", "127.0.0.2"),
-        )
-    else:
-        kwargs["address"] = options.address
-        loopback = _loopback_host(options.address)
-        if loopback is not None:  # a cluster on this machine's loopback (tests, try-outs)
-            kwargs["_node_ip_address"] = loopback
+    with ExitStack() as session:
+        if options.address == "local":
+            session.enter_context(_loopback_only(ray))
+            kwargs.update(
+                address="local",  # a new instance, even where `ray start` runs a cluster
+                num_cpus=options.workers or os.cpu_count() or 1,
+                include_dashboard=False,
+                _node_ip_address=_LOOPBACK,
+            )
+        else:
+            kwargs["address"] = options.address
+            loopback = _loopback_host(options.address)
+            if loopback is not None:  # a cluster on this machine's loopback (tests, try-outs)
+                kwargs["_node_ip_address"] = loopback
+        try:
+            ray.init(**kwargs)
+        except ConnectionError as exc:
+            raise ConfigError(
+                f"cannot join the Ray cluster at {options.address!r} ({exc}); start one with "
+                "'ray start --head', or pass --ray local to start one on this machine"
+            ) from exc
+        try:
+            yield ray
+        finally:
+            ray.shutdown()
+
+
+@contextmanager
+def _loopback_only(ray: Any) -> Iterator[None]:
+    """Every server of a ``--ray local`` instance bound to loopback, none on the network.
+
+    Ray's GCS, raylets and autoscaler monitor listen on 127.0.0.1 only when the node's
+    address is exactly ``127.0.0.1`` (on any other address, 127.0.0.2 included, on every
+    interface); but Ray replaces a node address of 127.0.0.1 by the machine's interface
+    address, unless its "no cluster" setting is on (what it does on macOS and Windows).
+    Turned on for this process (Ray read it when imported) and, through the environment,
+    for the processes Ray starts; restored afterwards.
+    """
+    constants = ray._private.ray_constants
+    saved = (os.environ.get(_NO_CLUSTER_ENV), constants.ENABLE_RAY_CLUSTER)
+    os.environ[_NO_CLUSTER_ENV] = "0"
+    constants.ENABLE_RAY_CLUSTER = False
     try:
-        ray.init(**kwargs)
-    except ConnectionError as exc:
-        raise ConfigError(
-            f"cannot join the Ray cluster at {options.address!r} ({exc}); start one with "
-            "'ray start --head', or pass --ray local to start one on this machine"
-        ) from exc
-    try:
-        yield ray
+        yield
     finally:
-        ray.shutdown()
+        _restore_env(_NO_CLUSTER_ENV, saved[0])
+        constants.ENABLE_RAY_CLUSTER = saved[1]
+
+
+def _restore_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value

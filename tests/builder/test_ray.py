@@ -181,7 +181,7 @@ def test_cli_ray_local_starts_ray_on_this_machine(tmp_path: Path) -> None:
         [*common, "-o", str(tmp_path / "ray"), "--ray", "local", "--workers", "1"]
     )
     assert done.returncode == 0, done.stderr
-    assert "worker 127.0.0.2 node" in done.stderr  # a node on loopback
+    assert "worker 127.0.0.1 node" in done.stderr  # a node on loopback
     build_text(
         TextBuildConfig(
             output=str(tmp_path / "local"),
@@ -319,3 +319,55 @@ def test_ray_runs_in_a_private_namespace_and_dials_only_loopback(ray_cluster: Ra
     assert addresses, "the cluster holds connections"
     plain = [a.strip("[]").removeprefix("::ffff:") for a in addresses]  # IPv4-mapped too
     assert [a for a in plain if not (a.startswith("127.") or a == "::1")] == []
+
+
+# ``--ray local`` beside a network interface: a veth pair whose two ends are both in a
+# nested namespace of their own (nothing it sends can leave it), so Ray sees a machine
+# address (10.99.0.1, with a default route) as it would on a real host.
+_WITH_AN_INTERFACE = """
+set -e
+ip link set lo up
+ip link add v0 type veth peer name v1
+ip addr add 10.99.0.1/24 dev v0
+ip link set v0 up
+ip link set v1 up
+ip route add default via 10.99.0.2 dev v0 onlink
+exec "$0" -c "$1"
+"""
+_LISTENERS_DURING_A_LOCAL_SESSION = """
+import subprocess
+from shardstream.shard_builder.cluster.connect import RayOptions, ray_session
+with ray_session(RayOptions(address="local", workers=1)) as ray:
+    print("node", ray.get(ray.remote(ray.util.get_node_ip_address).remote()))
+    print(subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout)
+"""
+
+
+def test_ray_local_listens_only_on_loopback_even_beside_a_network_interface(
+    tmp_path: Path,
+) -> None:
+    # connect.py's rule: a try-out instance does not listen on the network. Every server
+    # Ray starts for it (GCS, raylet, workers, the autoscaler monitor, its agents) is bound
+    # to loopback, though Ray would otherwise pick the interface's address or all of them.
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env.pop("RAY_AUTH_MODE", None)  # as a user runs it
+    env["HOME"] = str(tmp_path)
+    done = subprocess.run(
+        ["unshare", "--net", "bash", "-c", _WITH_AN_INTERFACE, sys.executable,
+         _LISTENERS_DURING_A_LOCAL_SESSION],
+        capture_output=True, text=True, env=env, timeout=300, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert "node 127.0.0.1" in lines, done.stdout
+    listeners = [line.split() for line in lines if line.startswith("LISTEN")]
+    assert len(listeners) >= 4, done.stdout  # GCS, raylet (2), the driver, a worker, ...
+    wide = [" ".join(fields) for fields in listeners if not _on_loopback(fields[3])]
+    assert wide == [], "\n".join(wide)
+
+
+def _on_loopback(local: str) -> bool:
+    """Whether an ``ss`` local address (``127.0.0.1:80``, ``[::ffff:127.0.0.1]:80``, ``*:80``,
+    ``[::1]:80``) is a loopback one."""
+    host = local.rsplit(":", 1)[0].strip("[]").removeprefix("::ffff:")
+    return host.startswith("127.") or host == "::1"
