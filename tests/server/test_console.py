@@ -243,3 +243,23 @@ def test_the_console_can_be_turned_off(settings: Settings) -> None:
             assert api.status_code == 200
     finally:
         off.state.engine.dispose()
+
+
+@pytest.mark.parametrize("origin", ["null", "NULL", "https://evil.example"])
+def test_sign_in_from_an_opaque_or_other_origin_is_refused(
+    api: TestClient, app: FastAPI, origin: str
+) -> None:
+    """``Origin: null`` is what a sandboxed frame, a ``data:`` page or a file sends: a
+    cross-site post that a real sign-in form on this site never makes (the console's
+    ``Referrer-Policy: same-origin`` keeps browsers sending the real origin)."""
+    client = browser(app)
+    refused = client.post("/ui/login", data={"token": ADMIN}, headers={"Origin": origin})
+    assert refused.status_code == 403 and "set-cookie" not in refused.headers
+    assert "origin" in refused.json()["detail"]
+    signed = sign_in(app, ADMIN)
+    csrf = csrf_of(signed.get("/ui/datasets").text)
+    out = signed.post("/ui/logout", data={"csrf": csrf}, headers={"Origin": origin})
+    assert out.status_code == 403
+    assert signed.get("/ui/datasets").status_code == 200  # still signed in
+    same = client.post("/ui/login", data={"token": ADMIN}, headers={"Origin": "http://testserver"})
+    assert same.status_code == 303
