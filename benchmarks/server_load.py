@@ -18,6 +18,11 @@ of the server, the load generator and PostgreSQL:
   request is timed from its scheduled time, so a server that falls behind is charged for
   it (no coordinated omission). This is the latency a job sees at that request rate.
 - **checkpoints**: every rank commits ``--commits`` steps back to back.
+- **start-up + canary**: every rank starts up back to back (saturating the server) while
+  a canary commits ``--canary`` checkpoints on a connection of its own; the canary's
+  latency p50/p99 is what a training loop's commit sees under a starting job's reads.
+- **route: version / index page / presign**: one kind of request at a time, printed with
+  the server's requests per CPU-second for that route.
 
 The server runs as ``shardstream server`` under uvicorn on loopback (``--sqlite-workers``
 on SQLite, ``--pg-workers`` on PostgreSQL) with a database-backed read/write token. The
@@ -73,6 +78,12 @@ class Phase:
     done: int = 0  # ranks that finished the phase
     cpu_ms: dict[str, float] = field(default_factory=dict)  # CPU per request, by process
     error_kinds: dict[str, int] = field(default_factory=dict)
+    stop: bool = False  # (start-up + canary) the canary is done: the reads stop
+    req_per_cpu_s: float = 0.0  # requests per CPU-second of the server
+
+    def per_cpu_s(self, server_cpu_s: float) -> None:
+        """Record the server's requests per CPU-second over this phase."""
+        self.req_per_cpu_s = len(self.latencies) / server_cpu_s if server_cpu_s else 0.0
 
     def failed(self, kind: str) -> None:
         self.errors += 1
@@ -86,6 +97,7 @@ class Phase:
             "p50 ms": float(np.percentile(lat, 50)),
             "p99 ms": float(np.percentile(lat, 99)),
             "errors": float(self.errors),
+            "server req/CPU-s": self.req_per_cpu_s,
         } | {f"{who} CPU ms/req": ms for who, ms in self.cpu_ms.items()}
 
 
@@ -187,6 +199,53 @@ async def _rank(
         body = json.dumps(state).encode()
         await _timed(client, phases["checkpoints"], "POST", f"/v1/runs/{run_id}/checkpoints", body)
     phases["checkpoints"].done += 1
+    await gates[3].wait()  # saturating start-up reads while the canary commits
+    reads = phases[READ_LOAD]
+    while not reads.stop:
+        await _start_up(client, rank, args, reads, None)
+    reads.done += 1
+    for gate, (route, method, target, payload) in zip(gates[4:], _routes(args), strict=True):
+        await gate.wait()  # one route at a time: its CPU per request
+        for _ in range(args.route_requests):
+            await _timed(client, phases[route], method, target, payload)
+        phases[route].done += 1
+
+
+READ_LOAD = "start-up + canary"
+CANARY = "canary commits"
+
+
+def _routes(args: argparse.Namespace) -> list[tuple[str, str, str, bytes | None]]:
+    """The hot routes of a start-up, one phase each: (phase, method, target, body)."""
+    v = "/v1/datasets/bench/versions/1"
+    keys = [f"shard.{i:06d}.mds.zstd" for i in range(args.presign)]
+    return [
+        ("route: version", "GET", v, None),
+        ("route: index page", "GET", f"{v}/shards?limit={args.page_size}", None),
+        ("route: presign", "POST", f"{v}/presign", json.dumps({"keys": keys}).encode()),
+    ]
+
+
+async def _canary(
+    args: argparse.Namespace,
+    port: int,
+    headers: dict[str, str],
+    run_id: int,
+    phases: dict[str, Phase],
+) -> None:
+    """Commit ``--canary`` checkpoints, one every ``--canary-every-ms``, on a connection of
+    their own, while the ranks saturate the server with start-up reads; then stop them."""
+    client = RawClient("127.0.0.1", port, headers)
+    reads, canary = phases[READ_LOAD], phases[CANARY]
+    await asyncio.sleep(args.canary_warmup_s)  # let the reads fill the server first
+    for step in range(1, args.canary + 1):
+        body = json.dumps(
+            {"step": step, "epoch": 0, "sample_in_epoch": step * 256, "plan": {"canary": 1}}
+        ).encode()
+        await _timed(client, canary, "POST", f"/v1/runs/{run_id}/checkpoints", body)
+        await asyncio.sleep(args.canary_every_ms / 1000)
+    reads.stop = True
+    await client.close()
 
 
 def _requests_per_start_up(args: argparse.Namespace) -> int:
@@ -280,7 +339,9 @@ def _seed(
     nodes = (args.ranks + RANKS_PER_NODE - 1) // RANKS_PER_NODE
     # Runs belong to the token that creates them: the one that commits their checkpoints.
     with APIClient(base, token) as bench:
-        runs = [bench.create_run([("bench", 1)], global_batch_size=256).id for _ in range(nodes)]
+        runs = [
+            bench.create_run([("bench", 1)], global_batch_size=256).id for _ in range(nodes + 1)
+        ]  # (the last one is the canary's)
     return token, runs
 
 
@@ -290,8 +351,9 @@ CpuProbe = Callable[[], dict[str, float]]
 async def _load(
     args: argparse.Namespace, port: int, token: str, runs: list[int], cpu: CpuProbe
 ) -> dict[str, Phase]:
-    names = ["start-up, saturated", _paced(args), "checkpoints"]
-    phases = {name: Phase() for name in names}
+    names = ["start-up, saturated", _paced(args), "checkpoints", READ_LOAD]
+    names += [route for route, *_ in _routes(args)]
+    phases = {name: Phase() for name in [*names, CANARY]}
     gates = [asyncio.Event() for _ in names]
     t0 = [0.0]
     headers = {"Authorization": f"Bearer {token}"}
@@ -300,10 +362,13 @@ async def _load(
         asyncio.create_task(_rank(r, args, clients, runs, phases, gates, t0))
         for r in range(args.ranks)
     ]
+    canary: asyncio.Task[None] | None = None
     for name, gate in zip(names, gates, strict=True):
         phase = phases[name]
         before = cpu()
         t0[0] = start = time.perf_counter()
+        if name == READ_LOAD:
+            canary = asyncio.create_task(_canary(args, port, headers, runs[-1], phases))
         gate.set()
         while phase.done < args.ranks and not any(t.done() for t in tasks):
             await asyncio.sleep(0.002)
@@ -311,7 +376,9 @@ async def _load(
         after = cpu()
         n = max(1, len(phase.latencies))
         phase.cpu_ms = {who: (after[who] - before[who]) * 1000 / n for who in before}
-    await asyncio.gather(*tasks)
+        phase.per_cpu_s(after["server"] - before["server"])
+    await asyncio.gather(*tasks, *([canary] if canary else []))
+    phases[CANARY].wall_s = phases[READ_LOAD].wall_s
     for client in clients:
         await client.close()
     return phases
@@ -384,6 +451,14 @@ def main() -> None:
         "--rate", type=float, default=1000, help="offered start-up requests/s of the paced phase"
     )
     parser.add_argument("--commits", type=int, default=5, help="checkpoint commits per rank")
+    parser.add_argument(
+        "--canary", type=int, default=200, help="canary commits under saturating start-up reads"
+    )
+    parser.add_argument("--canary-every-ms", type=float, default=20, help="pause between them")
+    parser.add_argument("--canary-warmup-s", type=float, default=1.0, help="reads before them")
+    parser.add_argument(
+        "--route-requests", type=int, default=20, help="requests per rank in each route phase"
+    )
     parser.add_argument("--pg-workers", type=int, default=2, help="uvicorn workers on PostgreSQL")
     parser.add_argument("--sqlite-workers", type=int, default=1, help="uvicorn workers on SQLite")
     parser.add_argument("--backends", default="sqlite,postgresql")

@@ -37,6 +37,7 @@ from shardstream.server.db import (
 from shardstream.server.limits import BodyLimits, RequestGuard
 from shardstream.server.logs import configure_logging
 from shardstream.server.metrics import MetricsMiddleware, ServerMetrics
+from shardstream.server.priority import WritePriority
 from shardstream.server.published import PublishedCache
 from shardstream.server.singleflight import SingleFlight
 from shardstream.server.stores import StoreCache
@@ -125,6 +126,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_shard_batch_bytes=settings.max_shard_batch_bytes,
         timeout_s=settings.body_timeout_s,
     )
+    # Inside the guard: only an authenticated commit whose body has arrived holds reads.
+    app.add_middleware(WritePriority)
     app.add_middleware(RequestGuard, limits=limits, authenticate=authenticate)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     if settings.console:

@@ -33,6 +33,8 @@ def test_server_load_runs_every_phase_without_errors(postgres_server_url: str) -
     cmd = [sys.executable, str(ROOT / "benchmarks" / "server_load.py"), "--ranks", str(ranks)]
     cmd += ["--shards", str(shards), "--page-size", str(page), "--presign", "4"]
     cmd += ["--restarts", str(restarts), "--commits", str(commits), "--rate", "400"]
+    cmd += ["--canary", "5", "--canary-every-ms", "5", "--canary-warmup-s", "0.2"]
+    cmd += ["--route-requests", "2"]
     env = {**os.environ, "SHARDSTREAM_TEST_POSTGRES": postgres_server_url}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=280, env=env, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -47,6 +49,11 @@ def test_server_load_runs_every_phase_without_errors(postgres_server_url: str) -
         assert table[(phase, "requests")][:2] == [requests, requests], phase
         assert table[(phase, "errors")][:2] == [0.0, 0.0], (phase, done.stderr[-2000:])
         assert all(v > 0 for v in table[(phase, "req/s")][:2])
+    assert table[("canary commits", "requests")][:2] == [5.0, 5.0]
+    for phase in ("start-up + canary", "canary commits", "route: version", "route: presign"):
+        assert table[(phase, "errors")][:2] == [0.0, 0.0], (phase, done.stderr[-2000:])
+    for route in ("route: version", "route: index page", "route: presign"):
+        assert table[(route, "requests")][:2] == [ranks * 2.0] * 2, route
 
 
 @pytest.mark.timeout(300)
