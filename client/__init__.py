@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from shardstream.client.dataset import StreamingDataset
     from shardstream.client.distributed import Topology
+    from shardstream.client.image_augment import RandomResizedCropFlip
     from shardstream.client.loader import ShardstreamLoader, WorkerError
     from shardstream.client.options import (
         CacheOptions,
@@ -31,6 +32,7 @@ __all__ = [
     "CacheOptions",
     "DecodeOptions",
     "PlanOptions",
+    "RandomResizedCropFlip",
     "ReaderState",
     "ServerOptions",
     "ShardstreamLoader",
@@ -44,6 +46,7 @@ _HOMES = {
     "CacheOptions": "options",
     "DecodeOptions": "options",
     "PlanOptions": "options",
+    "RandomResizedCropFlip": "image_augment",
     "ReaderState": "state",
     "ServerOptions": "options",
     "ShardstreamLoader": "loader",

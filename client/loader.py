@@ -32,6 +32,8 @@ import torch
 
 from shardstream.client._worker import worker_main
 from shardstream.client.dataset import StreamingDataset
+from shardstream.client.image_augment import RandomResizedCropFlip
+from shardstream.client.image_stage import ImageStage, StageRun
 from shardstream.client.ring import BatchRing, SlotLoans, view_in
 from shardstream.client.state import ReaderState
 from shardstream.client.stream import MAX_CHUNK
@@ -66,6 +68,12 @@ class ShardstreamLoader:
     valid only until the next batch is requested. ``resume`` (``"latest"`` or a step)
     loads the state committed to the server for the dataset's run
     (``ServerOptions(run=...)``).
+
+    ``device`` (``"cuda"``, ``"cuda:1"``, ``"cpu"``) with a dataset whose
+    ``sample_transform`` is a :class:`RandomResizedCropFlip`: the workers hand over encoded
+    images and their boxes, and an :class:`~shardstream.client.image_stage.ImageStage`
+    decodes and augments each batch on ``device`` in one go, on its own CUDA stream, a
+    batch ahead; every tensor of the batch is on ``device``.
     """
 
     def __init__(
@@ -76,12 +84,15 @@ class ShardstreamLoader:
         prefetch: int = 4,
         copy: bool = True,
         resume: str | int | None = None,
+        device: str | torch.device | None = None,
     ) -> None:
         if num_workers < 0 or prefetch < 1:
             raise ConfigError(
                 f"num_workers must be >= 0 and prefetch >= 1 (got {num_workers}, {prefetch})"
             )
         self.dataset = dataset
+        self._stage = None if device is None else _image_stage(dataset, device)
+        self._run: StageRun | None = None
         self.num_workers = num_workers
         dataset.check_cache_size(num_workers)
         self.prefetch = prefetch
@@ -162,23 +173,44 @@ class ShardstreamLoader:
     # -- iteration ------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        self._stop_stage()
         self._epoch, self._consumed = self._normalized()
         epoch, start = self._epoch, self._consumed
         if self.num_workers == 0:
-            return self._iter_local(epoch, start)
-        return self._iter_workers(epoch, start)
+            built = self.dataset.stream.batches(epoch, start)
+        else:
+            # With a stage, a thread drives the pass: fork the workers here, on this
+            # thread, as PR_SET_PDEATHSIG would kill them when the forking thread ends.
+            gen = self._begin_pass(epoch, start) if self._stage is not None else None
+            built = self._iter_workers(epoch, start, gen)
+        if self._stage is not None:  # a thread drives the workers, a batch ahead
+            self._run = self._stage.run(built)
+            built = iter(self._run)
+        return self._counted(built)
 
-    def _iter_local(self, epoch: int, start: int) -> Iterator[dict[str, Any]]:
-        stream = self.dataset.stream
-        for b, batch in stream.batches(epoch, start):
+    def _counted(self, built: Iterator[tuple[int, dict[str, Any]]]) -> Iterator[dict[str, Any]]:
+        """Count a batch as consumed when the training loop takes it, not when built."""
+        for b, batch in built:
             self._consumed = b + 1
             yield batch
 
-    def _iter_workers(self, epoch: int, start: int) -> Iterator[dict[str, Any]]:
+    def _stop_stage(self) -> None:
+        if self._run is not None:
+            run, self._run = self._run, None
+            run.stop()
+
+    def _begin_pass(self, epoch: int, start: int) -> int:
         self._release_held()
         self._gen += 1
-        gen, n = self._gen, self.num_workers
-        self._start_pass(("start", gen, epoch, start, n))
+        self._start_pass(("start", self._gen, epoch, start, self.num_workers))
+        return self._gen
+
+    def _iter_workers(
+        self, epoch: int, start: int, gen: int | None = None
+    ) -> Iterator[tuple[int, dict[str, Any]]]:
+        if gen is None:
+            gen = self._begin_pass(epoch, start)
+        n = self.num_workers
         total = self.dataset.stream.num_batches(epoch)
         for b in range(start, total):
             worker = self._workers[(b - start) % n]
@@ -199,8 +231,7 @@ class ShardstreamLoader:
                     worker.cmd.send(("free", gen, slot))
             if self._gen != gen:
                 return  # a newer pass took over the workers
-            self._consumed = b + 1
-            yield {name: out[name] for name in names}  # the columns' order as built
+            yield b, {name: out[name] for name in names}  # the columns' order as built
             self._release_held()
 
     def _tensors(self, worker: _Worker, slot: int, refs: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -319,6 +350,7 @@ class ShardstreamLoader:
             self._stop_workers()
 
     def _stop_workers(self) -> None:
+        self._stop_stage()
         self._held = None
         self._deferred = []
         for worker in self._workers:
@@ -377,3 +409,25 @@ def _slot_bytes(dataset: StreamingDataset) -> int:
     if stream.samples is not None:  # the transform's output size is unknown until it runs
         per_sample = max(per_sample, TRANSFORMED_SAMPLE_BYTES)
     return stream.batch_size * per_sample + 64 * (len(stream.spec.names) + 1)
+
+
+def _image_stage(dataset: StreamingDataset, device: str | torch.device) -> ImageStage:
+    """The device stage for ``dataset``; its workers then hand over encoded images."""
+    samples = dataset.stream.samples
+    if samples is None or not isinstance(samples.transform, RandomResizedCropFlip):
+        raise ConfigError(
+            f"ShardstreamLoader(device={str(device)!r}) decodes and augments images on the "
+            "device: give the dataset sample_transform=RandomResizedCropFlip(...) (got "
+            f"{type(samples.transform).__name__ if samples else None})"
+        )
+    if dataset.stream.spec.options.decode_min_size is not None:
+        raise ConfigError(
+            "decode_min_size changes the image sizes the boxes are drawn for; the device "
+            "stage decodes at full size: leave decode_min_size unset"
+        )
+    try:
+        stage = ImageStage(samples.transform, device)
+    except RuntimeError as exc:
+        raise ConfigError(str(exc)) from None
+    samples.hand_over_images = True
+    return stage

@@ -30,7 +30,7 @@ from shardstream.client.decode import IMAGE_ENCODINGS
 from shardstream.client.image_decode import ImageDecoder
 from shardstream.errors import ConfigError
 
-__all__ = ["SampleStage", "SampleTransform", "sample_seed"]
+__all__ = ["SampleStage", "SampleTransform", "collate", "sample_seed"]
 
 SampleTransform = Callable[[dict[str, Any]], Mapping[str, Any]]
 """A user function applied to every sample (column -> value) before collation."""
@@ -68,6 +68,9 @@ class SampleStage:
         self.images = frozenset(n for n, e in encodings.items() if e in IMAGE_ENCODINGS)
         self.decoder = ImageDecoder(decoder.name, "CHW", decoder.mode, decoder.min_size)
         self.seed = seed
+        self.hand_over_images = False
+        """Set by a loader with a device stage: images leave as bytes and boxes
+        (``transform.hand_over``: :class:`~shardstream.client.RandomResizedCropFlip`)."""
 
     def apply(
         self,
@@ -79,6 +82,12 @@ class SampleStage:
         alloc: Callable[[str, tuple[int, ...], np.dtype[Any]], np.ndarray[Any, Any]],
     ) -> dict[str, Any]:
         """Transform every sample of ``batch`` (``ids``: their global ids) and collate."""
+        if self.hand_over_images:
+            seeds = [sample_seed(self.seed, epoch, batch_number, int(sid)) for sid in ids]
+            out: dict[str, Any] = self.transform.hand_over(  # type: ignore[attr-defined]
+                batch, seeds=seeds, alloc=alloc
+            )
+            return out
         saved = (torch.random.get_rng_state(), random.getstate(), np.random.get_state())
         try:
             outputs = [
@@ -88,7 +97,7 @@ class SampleStage:
             torch.random.set_rng_state(saved[0])
             random.setstate(saved[1])
             np.random.set_state(saved[2])
-        return _collate(outputs, alloc, batch_number)
+        return collate(outputs, alloc, batch_number)
 
     def _one(
         self, batch: Mapping[str, Any], i: int, epoch: int, batch_number: int, sid: int
@@ -116,11 +125,13 @@ class SampleStage:
         return out
 
 
-def _collate(
+def collate(
     outputs: Sequence[Mapping[str, Any]],
     alloc: Callable[[str, tuple[int, ...], np.dtype[Any]], np.ndarray[Any, Any]],
     batch_number: int,
 ) -> dict[str, Any]:
+    """One batch of the samples ``outputs``: equal tensors stacked into ``alloc``'s memory,
+    numbers into tensors, anything else into lists."""
     names = list(outputs[0])
     for out in outputs[1:]:
         if list(out) != names:

@@ -11,6 +11,7 @@ EXPORTED = [
     "CacheOptions",
     "DecodeOptions",
     "PlanOptions",
+    "RandomResizedCropFlip",
     "ReaderState",
     "ServerOptions",
     "ShardstreamLoader",
