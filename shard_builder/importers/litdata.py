@@ -175,10 +175,14 @@ def _open(unit: SourceUnit, folder: str) -> tuple[Any, int]:
     seq_len = _seq_len(unit, index_of(unit))
     try:
         if seq_len:
-            return StreamingDataset(folder, item_loader=TokensLoader(block_size=seq_len)), seq_len
-        return StreamingDataset(folder, shuffle=False), 0
+            ds = StreamingDataset(folder, item_loader=TokensLoader(block_size=seq_len))
+        else:
+            ds = StreamingDataset(folder, shuffle=False)
+        len(ds)  # LitData reads index.json's config here, the first time: its errors too
+        return ds, seq_len
     except Exception as exc:  # LitData raises its own and plain errors alike
-        raise InputError(f"{unit.path}: LitData cannot open the dataset ({exc})") from exc
+        where = f"{unit.path.rstrip('/')}/index.json"
+        raise InputError(f"{where}: LitData cannot open the dataset ({exc})") from exc
 
 
 def _items(unit: SourceUnit, folder: str) -> Iterator[tuple[int, list[Any], int]]:

@@ -327,6 +327,21 @@ def _damaged_parquet_text(tmp_path: Path) -> tuple[str, Path, str]:
     return "text", path, r"a\.parquet: not a readable Parquet file"
 
 
+def _litdata_config(tmp_path: Path) -> tuple[str, Path, str]:
+    # A config LitData itself has to read (compressed chunks), with a value it refuses:
+    # LitData reads index.json only when the dataset's length is first asked for.
+    from litdata import optimize
+
+    folder = tmp_path / "lit"
+    optimize(fn=_lit_item, inputs=list(range(20)), output_dir=str(folder), chunk_size=5,
+             num_workers=1, verbose=False)  # fmt: skip
+    index = json.loads((folder / "index.json").read_text())
+    index["config"]["compression_level"] = "../x"
+    index["config"]["compression"] = "zstd"
+    (folder / "index.json").write_text(json.dumps(index))
+    return "litdata", folder, r"lit/index\.json: LitData cannot open the dataset"
+
+
 HOSTILE = {
     "dataset_dict-not-json": _hostile_dataset_dict("{not json"),
     "dataset_dict-a-string": _hostile_dataset_dict('"x"'),
@@ -336,6 +351,7 @@ HOSTILE = {
     "state-files-not-entries": _hostile_state('{"_data_files": [-1]}'),
     "arrow-offsets-out-of-bounds": _bad_arrow_offsets,
     "parquet-footer-garbled": _damaged_parquet_text,
+    "litdata-config-refused": _litdata_config,
 }
 
 
