@@ -8,6 +8,7 @@ anyone remembering to add it here (a new path parameter needs an example value b
 from __future__ import annotations
 
 import re
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -25,12 +26,17 @@ PARAMETER = re.compile(r"{(\w+)(?::\w+)?}")
 def console_routes(app: FastAPI) -> list[tuple[str, str]]:
     """Every (method, path template) the app serves under the console's prefix, through
     included routers too (``iter_route_contexts`` is how FastAPI's OpenAPI walks them)."""
-    found = set()
+    found: set[tuple[str, str]] = set()
     for route in iter_route_contexts(app.routes):
         path = route.path or ""
         if path == PREFIX or path.startswith(PREFIX + "/"):
             found.update((method, path) for method in route.methods or ())
     return sorted(found)
+
+
+def example(values: dict[str, str], match: re.Match[str]) -> str:
+    """The example value of a path parameter."""
+    return values[match.group(1)]
 
 
 def assert_protected(response: httpx.Response, what: str) -> None:
@@ -59,7 +65,7 @@ def test_every_console_route_sends_the_security_headers(
             values["token_id"] = str(api.get("/v1/tokens").json()["items"][-1]["id"])
         missing = [p for p in PARAMETER.findall(template) if p not in values]
         assert not missing, f"{template}: give this test an example value for {missing}"
-        path = PARAMETER.sub(lambda m, v=values: v[m.group(1)], template)
+        path = PARAMETER.sub(partial(example, values), template)
         what = f"{method} {path}"
         if method == "GET":
             assert_protected(browser(app).get(path), f"{what} (signed out)")
