@@ -3,7 +3,8 @@
 The engine is created by the app factory from the settings, never at import time. SQLite
 gets WAL mode and a busy timeout so readers never block the one writer for long;
 PostgreSQL gets a connection pool sized by ``SHARDSTREAM_DB_POOL_SIZE`` and a liveness
-check on checkout (a connection the database server dropped is replaced, not used).
+check on checkout (a connection the database server dropped is replaced, not used), with
+client-side deadlines on every round trip (:mod:`.db_watchdog`).
 
 Every wait on the database is bounded (:class:`DatabaseLimits`): connecting, a
 statement, a lock, a free pooled connection. A database that accepts connections but
@@ -34,6 +35,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from shardstream.errors import ConfigError, ShardstreamError
+from shardstream.server.db_watchdog import RoundTripDeadlines
 
 if TYPE_CHECKING:
     from shardstream.server.config import Settings
@@ -209,11 +211,10 @@ def make_engine(url: str, *, pool_size: int = 10, limits: DatabaseLimits | None 
         if parsed.drivername == "postgresql":
             # psycopg 3 is the driver we ship; plain postgresql:// would mean psycopg2.
             parsed = parsed.set(drivername="postgresql+psycopg")
-        return create_engine(
+        engine = create_engine(
             parsed,
             pool_size=pool_size,
             max_overflow=2 * pool_size,
-            pool_pre_ping=True,
             pool_recycle=1800,
             pool_timeout=limits.pool_s,
             connect_args={
@@ -221,6 +222,13 @@ def make_engine(url: str, *, pool_size: int = 10, limits: DatabaseLimits | None 
                 "options": limits.postgres_options(),
             },
         )
+        # Every round trip on an open connection gets a client-side deadline too (the
+        # liveness check on checkout included): a database that goes silent without
+        # closing anything costs a request seconds and a 503, never a hung thread.
+        RoundTripDeadlines(connect_s=limits.connect_s, statement_s=limits.statement_s).install(
+            engine
+        )
+        return engine
     raise ConfigError(
         f"SHARDSTREAM_DATABASE_URL uses {parsed.get_backend_name()!r}; supported: sqlite, "
         "postgresql (postgresql+psycopg://)"

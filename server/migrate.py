@@ -17,6 +17,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, text
 
+from shardstream.server.db_watchdog import UNBOUNDED
+
 _MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 _LOCK_ID = 0x5348_4152_4453  # arbitrary, constant: "SHARDS"
 
@@ -72,7 +74,9 @@ def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str | N
     with engine.begin() as conn:
         if conn.dialect.name == "postgresql":
             # A migration may rewrite large tables and wait for another replica's
-            # migration: the request-sized statement and lock timeouts do not apply.
+            # migration: the request-sized statement and lock timeouts do not apply,
+            # nor do the client-side deadlines that stand in for them (db_watchdog).
+            conn.execution_options(**{UNBOUNDED: True})
             conn.execute(text("SET LOCAL statement_timeout = 0"))
             conn.execute(text("SET LOCAL lock_timeout = 0"))
             conn.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": _LOCK_ID})

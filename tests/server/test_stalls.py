@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import socket
 import subprocess
@@ -23,11 +24,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import Connection, create_engine, text
 from sqlalchemy.engine import make_url
 
 from tests.fixtures.postgres import server_url
 from tests.fixtures.server import LiveServer, free_port, server_process, start_server
+from tests.fixtures.tcp_proxy import SilentProxy
 
 SHARDS = 6000  # with ~1.5 KB MDS entries: a 9 MB index.json, more than socket buffers hold
 STALLED_READERS = 50
@@ -292,3 +294,103 @@ def test_the_server_comes_up_once_its_database_does(postgres_url: str, tmp_path:
     finally:
         stop.set()
         late.close()
+
+
+@pytest.fixture
+def silent_proxy() -> Iterator[SilentProxy]:
+    """A forwarder to the test PostgreSQL that the test can make go silent."""
+    upstream = make_url(server_url())
+    with SilentProxy(upstream.host or "127.0.0.1", upstream.port or 5432) as proxy:
+        yield proxy
+
+
+def _through(proxy: SilentProxy, postgres_url: str) -> str:
+    url = make_url(postgres_url).set(host="127.0.0.1", port=proxy.port)
+    return url.render_as_string(hide_password=False)
+
+
+def test_a_database_gone_silent_under_open_connections_costs_seconds(
+    postgres_url: str, tmp_path: Path, silent_proxy: SilentProxy
+) -> None:
+    """PostgreSQL stops answering on the connections the server already holds (nothing
+    closes them): every request, with a body or without, through a database token or the
+    admin secret, answers 503 instead of waiting for a reply that never comes. Before,
+    requests with a body hung past 90 s (the pooled connection's liveness ping had no
+    deadline on the client side)."""
+    with start_server(
+        tmp_path / "server",
+        database_url=_through(silent_proxy, postgres_url),
+        db_connect_timeout_s=1,
+        db_statement_timeout_s=2,
+        db_pool_timeout_s=2,
+        token_cache_s=0,  # every request looks its token up in the database
+    ) as server:
+        admin = {"Authorization": f"Bearer {server.token}"}
+        with httpx.Client(base_url=server.url, headers=admin, timeout=60) as api:
+            minted = api.post("/v1/tokens", json={"name": "w", "scopes": ["write"]})
+            assert minted.status_code == 201, minted.text
+            writer = {"Authorization": f"Bearer {minted.json()['secret']}"}
+            # Several connections open and pooled, as in a server that has been serving.
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                names = [f"d{i}" for i in range(8)]
+                made = pool.map(lambda n: api.post("/v1/datasets", json={"name": n}), names)
+                assert {m.status_code for m in made} == {201}
+            silent_proxy.silence()
+            # A hang ends in httpx.ReadTimeout (60 s) here, not in an answer.
+            answers = {
+                "post (admin)": api.post("/v1/datasets", json={"name": "x"}),
+                "post (token)": api.post("/v1/datasets", json={"name": "y"}, headers=writer),
+                "post (tokens)": api.post("/v1/tokens", json={"name": "r", "scopes": ["read"]}),
+                "get": api.get("/v1/datasets"),
+                "get (token)": api.get("/v1/datasets", headers=writer),
+                "readyz": api.get("/readyz"),
+            }
+            for what, answer in answers.items():
+                assert answer.status_code == 503, (what, answer.text)
+                assert answer.json()["detail"].startswith("database unavailable"), what
+            assert api.get("/healthz").status_code == 200
+
+
+def test_a_database_gone_silent_mid_statement_costs_seconds(
+    postgres_url: str, tmp_path: Path, silent_proxy: SilentProxy
+) -> None:
+    """A statement already sent when the database goes silent: its answer (even the
+    statement timeout's error) never arrives; the server gives up on the connection
+    once the statement timeout and a connect timeout have passed, and answers 503."""
+    with start_server(
+        tmp_path / "server",
+        database_url=_through(silent_proxy, postgres_url),
+        db_connect_timeout_s=1,
+        db_statement_timeout_s=2,
+        db_lock_timeout_s=600,  # the statement waits on the lock until it is cut off
+        db_pool_timeout_s=2,
+    ) as server:
+        admin = {"Authorization": f"Bearer {server.token}"}
+        locker = create_engine(postgres_url)  # directly, not through the proxy
+        try:
+            with (
+                httpx.Client(base_url=server.url, headers=admin, timeout=60) as api,
+                locker.connect() as conn,
+            ):
+                assert api.post("/v1/datasets", json={"name": "warm"}).status_code == 201
+                conn.execute(text("LOCK TABLE datasets IN ACCESS EXCLUSIVE MODE"))
+                with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                    waiting = pool.submit(api.post, "/v1/datasets", json={"name": "blocked"})
+                    while not _waits_on_a_lock(conn):
+                        time.sleep(0.05)
+                    silent_proxy.silence()
+                    answer = waiting.result()
+                conn.rollback()
+            assert answer.status_code == 503, answer.text
+            assert answer.json()["detail"].startswith("database unavailable")
+        finally:
+            locker.dispose()
+
+
+def _waits_on_a_lock(conn: Connection) -> bool:
+    """Whether another session waits on a lock (the request's INSERT, here)."""
+    query = (
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE wait_event_type = 'Lock' AND datname = current_database()"
+    )
+    return bool(conn.execute(text(query)).scalar())
