@@ -57,6 +57,24 @@ def test_server_load_runs_every_phase_without_errors(postgres_server_url: str) -
 
 
 @pytest.mark.timeout(300)
+def test_commit_burst_makes_every_rank_durable(postgres_server_url: str) -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "commit_burst.py"), "--ranks", "32"]
+    cmd += ["--sdk-ranks", "2", "--processes", "2", "--warmup-s", "1"]
+    env = {**os.environ, "SHARDSTREAM_TEST_POSTGRES": postgres_server_url}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=280, env=env, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {
+        line[:24].strip(): [float(v) for v in line[24:].split()]
+        for line in done.stdout.split("CPUs\n", 1)[1].splitlines()[1:]
+        if line.strip()
+    }
+    assert rows["ranks"] == [34.0, 34.0]
+    assert rows["201 new"] == [4.0, 4.0] and rows["200 replay"] == [28.0, 28.0]
+    assert rows["errors"] == [0.0, 0.0]
+    assert all(v > 0 for v in rows["all durable s"])
+
+
+@pytest.mark.timeout(300)
 def test_index_startup_opens_the_dataset_every_way() -> None:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "index_startup.py"), "--shards", "300"]
     cmd += ["--ranks", "2", "--database", "sqlite"]
