@@ -96,8 +96,13 @@ def read_index(source: str) -> LitIndex:
             _stamp(meta.get("updated_at")) if store else Path(path).stat().st_mtime_ns,
             store,
         )
-    except (ObjectNotFoundError, OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (
+        *(ObjectNotFoundError, OSError, ValueError, KeyError, TypeError, AttributeError),
+        OverflowError,  # a count past int64
+    ) as exc:
         raise InputError(f"{source}: not a LitData optimized folder ({path}: {exc})") from exc
+    if (index.items < 0).any() or (index.sizes < 0).any() or (index.dims < -1).any():
+        raise InputError(f"{path}: a chunk with a negative chunk_size, chunk_bytes or dim")
     if store is None:
         for name in index.names:  # no chunk read through a symlink that leads out
             inside(index.source, name, "LitData chunk")

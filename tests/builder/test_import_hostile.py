@@ -342,6 +342,21 @@ def _litdata_config(tmp_path: Path) -> tuple[str, Path, str]:
     return "litdata", folder, r"lit/index\.json: LitData cannot open the dataset"
 
 
+def _litdata_count(value: int) -> object:
+    def make(tmp_path: Path) -> tuple[str, Path, str]:
+        from litdata import optimize
+
+        folder = tmp_path / "lit"
+        optimize(fn=_lit_item, inputs=list(range(10)), output_dir=str(folder), chunk_size=5,
+                 num_workers=1, verbose=False)  # fmt: skip
+        index = json.loads((folder / "index.json").read_text())
+        index["chunks"][1]["chunk_size"] = value
+        (folder / "index.json").write_text(json.dumps(index))
+        return "litdata", folder, r"lit/index\.json: "
+
+    return make
+
+
 HOSTILE = {
     "dataset_dict-not-json": _hostile_dataset_dict("{not json"),
     "dataset_dict-a-string": _hostile_dataset_dict('"x"'),
@@ -352,6 +367,8 @@ HOSTILE = {
     "arrow-offsets-out-of-bounds": _bad_arrow_offsets,
     "parquet-footer-garbled": _damaged_parquet_text,
     "litdata-config-refused": _litdata_config,
+    "litdata-count-past-int64": _litdata_count(1 << 70),
+    "litdata-count-negative": _litdata_count(-3),
 }
 
 
