@@ -109,6 +109,8 @@ class BuildResult:
             text += f"; {len(self.skipped)} bad inputs skipped"
         if self.reused_shards and secs is not None:
             text += f"; {self.reused_shards} shards reused from an earlier run"
+        for note in self.metadata.get("notes", []):  # what the build chose by default
+            text += f"; {note}"
         return text
 
 

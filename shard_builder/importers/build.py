@@ -56,7 +56,9 @@ class ImportConfig(OutputOptions):
     patterns such as WebDataset's ``shard-{000000..000099}.tar``. ``skip_bad`` leaves out
     samples whose columns differ from the schema (reported in ``shardstream.json``).
     ``part_bytes`` is about how much input one worker task reads when a format splits big
-    files (LMDB, LitData, TFRecord); it changes no output byte.
+    files (LMDB, LitData, TFRecord); it changes no output byte. ``keep_key`` keeps each
+    WebDataset sample's key as the str column ``__key__``. ``split`` chooses the split of
+    a Hugging Face DatasetDict folder (``""``: ``train``, said in the result's summary).
 
     Example::
 
@@ -69,8 +71,9 @@ class ImportConfig(OutputOptions):
     skip_bad: bool = False
     value_format: str = "raw"
     allow_pickle: bool = False
-    split: str = "train"
+    split: str = ""
     seq_len: int | None = None
+    keep_key: bool = True
     part_bytes: int = PART_BYTES
 
     def __post_init__(self) -> None:
@@ -238,15 +241,19 @@ def build_import(config: ImportConfig) -> BuildResult:
     """
     started = time.perf_counter()
     fmt = get_format(config.format)
-    option = {"lmdb": config.value_format, "litdata": str(config.seq_len or "")}.get(
-        config.format, config.split
-    )
+    option = {
+        "lmdb": config.value_format,
+        "litdata": str(config.seq_len or ""),
+        "webdataset": "key" if config.keep_key else "",
+    }.get(config.format, config.split)
     files = [replace(u, option=option) for u in fmt.plan(config.inputs, option)]
     if not files:
         raise InputError(f"import {config.format}: no input files in {', '.join(config.inputs)}")
     lineage = [u.lineage() for u in files]
     options = content_options(config)
     del options["part_bytes"]  # how the work is cut: no output byte and no position depends on it
+    if config.format != "webdataset":
+        del options["keep_key"]  # only WebDataset samples have keys that are not columns
     fp = fingerprint({"importer": IMPORTER_VERSION, "options": options, "lineage": lineage})
     sink = ShardSink(config.output)
     packer: _Packer | None = None

@@ -34,7 +34,13 @@ def register(subparsers: Any) -> None:
         help="leave out samples whose columns differ from the schema (listed in the summary)",
     )
     parser.add_argument(
-        "--split", default="train", help="hf: the split of a DatasetDict folder (train)"
+        "--split", default="", help="hf: the split of a DatasetDict folder (default: train)"
+    )
+    parser.add_argument(
+        "--no-key",
+        dest="keep_key",
+        action="store_false",
+        help="webdataset: leave out each sample's key (kept by default as the column __key__)",
     )
     parser.add_argument(
         "--value-format",
@@ -81,6 +87,7 @@ def _run_import(args: argparse.Namespace) -> int:
             allow_pickle=args.allow_pickle,
             split=args.split,
             seq_len=args.seq_len,
+            keep_key=args.keep_key,
             **_output_options(args, output),
         )
         return build_import(config)

@@ -42,6 +42,7 @@ from shardstream.shard_builder.importers.source import (
 from shardstream.shard_builder.inputs import inside, resolve_inputs
 
 _SUFFIXES = (".arrow", ".parquet", ".pq")
+DEFAULT_SPLIT = "train"  # of a DatasetDict, when --split is not given (said in the summary)
 
 
 def _folder_files(path: str, split: str) -> list[str]:
@@ -49,11 +50,11 @@ def _folder_files(path: str, split: str) -> list[str]:
         splits = _json_field(os.path.join(path, "dataset_dict.json"), "splits")
         if not all(isinstance(s, str) for s in splits):
             raise InputError(f"{path}/dataset_dict.json: 'splits' is not a list of names")
-        if split not in splits:
+        if (split or DEFAULT_SPLIT) not in splits:
             raise InputError(
                 f"{path}: a DatasetDict with splits {', '.join(splits)}; choose one with --split"
             )
-        path = str(inside(path, split, "split folder"))
+        path = str(inside(path, split or DEFAULT_SPLIT, "split folder"))
     files = _json_field(os.path.join(path, "state.json"), "_data_files")
     names = [f.get("filename") if isinstance(f, dict) else None for f in files]
     if not names or not all(isinstance(n, str) and n for n in names):
@@ -286,13 +287,27 @@ def _plain_columns(batch: Any, features: dict[str, Any]) -> dict[str, Any] | Non
     return columns
 
 
-def label_names(units: list[SourceUnit]) -> dict[str, Any]:
-    """``label_names`` per ClassLabel column, for the dataset metadata."""
+def describe(units: list[SourceUnit]) -> dict[str, Any]:
+    """``label_names`` per ClassLabel column, for the dataset metadata; and ``notes`` for
+    the summary where a DatasetDict's split was taken by default (``--split`` not given)."""
     schema, _ = _batches(units[0].path)
     names = {
         k: f["names"] for k, f in features_of(schema).items() if f.get("_type") == "ClassLabel"
     }
-    return {"label_names": names} if names else {}
+    out: dict[str, Any] = {"label_names": names} if names else {}
+    folders = dict.fromkeys(
+        os.path.dirname(folder)
+        for folder in map(os.path.dirname, (u.path for u in units if not u.option))
+        if os.path.basename(folder) == DEFAULT_SPLIT
+        and os.path.exists(os.path.join(os.path.dirname(folder), "dataset_dict.json"))
+    )
+    if folders:
+        out["notes"] = [
+            f"split {DEFAULT_SPLIT!r} of the DatasetDict {folder} (--split not given; "
+            f"its splits: {', '.join(_json_field(folder + '/dataset_dict.json', 'splits'))})"
+            for folder in folders
+        ]
+    return out
 
 
-FORMAT = ImportFormat("hf", plan, read, label_names, split=split, read_batches=read_batches)
+FORMAT = ImportFormat("hf", plan, read, describe, split=split, read_batches=read_batches)

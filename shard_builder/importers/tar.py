@@ -66,6 +66,9 @@ def _walk(data: mmap.mmap, end: int, label: str) -> Iterator[tuple[str, bytes]]:
     long_name: str | None = None  # from a GNU ``L`` member, for the next header
     pax: dict[str, str] = {}  # from a pax ``x`` header, for the next header
     last = "the first member"
+    first = data[:BLOCK]
+    if end < BLOCK or (first.count(0) < BLOCK and not _checksum_ok(first)):
+        raise InputError(f"{label}: not a tar file ({_not_a_tar(first, end)})")
     while True:
         if pos + BLOCK > end:
             where = f"after {last}" if pos < end else f"after {last}: no end-of-archive block"
@@ -125,6 +128,22 @@ def _sparse_error(label: str, name: str, pos: int) -> InputError:
         "does not read (its holes would be expanded in memory); re-create the tar without "
         "--sparse"
     )
+
+
+_MAGICS = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "bzip2", b"\xfd7zXZ": "xz"}
+
+
+def _not_a_tar(head: bytes, size: int) -> str:
+    """Why the start of a file is no tar header, for the error (a ``.jsonl`` or a
+    compressed tar passed as a shard was reported as a "truncated tar")."""
+    for magic, name in _MAGICS.items():
+        if head.startswith(magic):
+            return f"{name}-compressed: decompress it first"
+    if head[:1] in (b"{", b"["):
+        return "it starts like JSON text"
+    if size < BLOCK:
+        return f"{size} bytes, less than one 512-byte tar header"
+    return "no valid tar header at byte 0"
 
 
 def _padded(size: int) -> int:

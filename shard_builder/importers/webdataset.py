@@ -5,9 +5,11 @@ with the same key form one sample. Each extension maps to an MDS encoding: image
 encoded bytes (``jpeg``/``png`` where the MDS encoding exists), ``cls``/``label`` -> int,
 ``txt`` -> str, ``json`` -> json, ``npy`` -> ndarray, anything else -> bytes. Sources are
 local files or folders, ``s3://`` objects or prefixes, and ``http(s)://`` URLs, with brace
-ranges (``s3://bucket/wds/shard-{000000..000099}.tar``). A remote shard is downloaded by
-the worker that reads it (size-checked, retried as every store read) into a temporary
-file, read, and deleted. Tars are read from their headers directly (:mod:`.tar`).
+ranges (``s3://bucket/wds/shard-{000000..000099}.tar``). Each sample's key is kept as the
+``str`` column ``__key__`` (the first column; ``--no-key`` leaves it out). A remote shard
+is downloaded by the worker that reads it (size-checked, retried as every store read) into
+a temporary file, read, and deleted. Tars are read from their headers directly
+(:mod:`.tar`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ from shardstream.errors import InputError
 from shardstream.shard_builder.importers.source import Column, ImportFormat, Record, SourceUnit
 from shardstream.shard_builder.importers.tar import tar_members
 from shardstream.shard_builder.inputs import resolve_inputs
+
+KEY_COLUMN = "__key__"
+"""The column that keeps each sample's WebDataset key (its identity: users join and
+deduplicate by it), as WebDataset's own loader names it."""
+KEEP_KEY = "key"  # the unit option when keys are kept
 
 _BRACE = re.compile(r"\{(\d+)\.\.(\d+)\}")
 _KEY = re.compile(r"^((?:.*/|)[^./]+)[.]([^/]*)$")
@@ -107,8 +114,9 @@ def decode_member(ext: str, data: bytes, where: str) -> Column:
 
 
 def read(unit: SourceUnit) -> Iterator[Record]:
+    keep_key = unit.option == KEEP_KEY
     if not _remote(unit.path):
-        yield from _read_tar(unit.path, unit.path)
+        yield from _read_tar(unit.path, unit.path, keep_key)
         return
     from shardstream.storage import open_store
 
@@ -116,11 +124,12 @@ def read(unit: SourceUnit) -> Iterator[Record]:
     with tempfile.TemporaryDirectory(prefix="shardstream-wds-") as tmp:
         local = Path(tmp) / "shard.tar"
         open_store(parent).download(key, local, expected_size=unit.nbytes)
-        yield from _read_tar(str(local), unit.path)
+        yield from _read_tar(str(local), unit.path, keep_key)
 
 
-def _read_tar(path: str, label: str) -> Iterator[Record]:
-    """The samples of the tar at ``path`` (``label`` is what errors call it)."""
+def _read_tar(path: str, label: str, keep_key: bool = True) -> Iterator[Record]:
+    """The samples of the tar at ``path`` (``label`` is what errors call it), each with its
+    key as the str column ``__key__`` first when ``keep_key``."""
     key: str | None = None
     sample: dict[str, Column] = {}
     for member, data in tar_members(path, label):
@@ -133,11 +142,26 @@ def _read_tar(path: str, label: str) -> Iterator[Record]:
             sample = {}
         key = name
         where = f"{label} key {key}"
+        if not sample and keep_key:
+            sample[KEY_COLUMN] = ("str", _key_text(key, where))
         if ext in sample:
-            raise InputError(f"{where}: member .{ext} appears twice in one sample")
+            what = "clashes with the key column" if ext == KEY_COLUMN else "appears twice"
+            raise InputError(f"{where}: member .{ext} {what} in one sample")
         sample[ext] = decode_member(ext, data, where)
     if key is not None:
         yield f"{label} key {key}", sample
+
+
+def _key_text(key: str, where: str) -> str:
+    """``key`` as it is stored (UTF-8 text): a member name that is not UTF-8 (read with
+    surrogate escapes) is named rather than failing in the encoder."""
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(
+            f"{where}: the key is not UTF-8 text; pass --no-key to import without keys"
+        ) from None
+    return key
 
 
 FORMAT = ImportFormat("webdataset", plan, read)

@@ -130,3 +130,17 @@ def test_a_truncated_arrow_file_is_one_error_naming_file_and_row(
     with pytest.raises(InputError, match=r"data\.arrow row \d+: damaged Arrow/Parquet file"):
         build_import(config)
     assert not (tmp_path / "o" / "index.json").exists()
+
+
+def test_a_dataset_dict_without_split_says_which_split_it_took(tmp_path: Path) -> None:
+    datasets.DatasetDict({"test": _dataset(2), "train": _dataset(3)}).save_to_disk(
+        str(tmp_path / "hf")
+    )
+    result = build_import(ImportConfig(format="hf", inputs=(str(tmp_path / "hf"),),
+                                       output=str(tmp_path / "o"), **SMALL))  # fmt: skip
+    assert result.samples == 3
+    said = f"split 'train' of the DatasetDict {tmp_path / 'hf'} (--split not given; its splits: "
+    assert said + "test, train)" in result.summary()
+    chosen = build_import(ImportConfig(format="hf", inputs=(str(tmp_path / "hf"),), split="train",
+                                       output=str(tmp_path / "o2"), **SMALL))  # fmt: skip
+    assert "split" not in chosen.summary()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import re
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,7 @@ def _write(folder: Path, samples: list[dict[str, Any]], per_shard: int = 40) -> 
 
 
 def _check(got: dict[str, Any], want: dict[str, Any]) -> None:
+    assert got["__key__"] == want["__key__"]
     image = got["jpg"]
     if isinstance(image, bytes):  # shardstream's reader: the stored bytes, unchanged
         assert image == want["jpg"]
@@ -67,6 +70,7 @@ def test_every_sample_comes_back_field_by_field(tmp_path: Path) -> None:
         )
     )
     assert result.columns == {
+        "__key__": "str",  # each sample's identity, as WebDataset's loader names it
         "cls": "int",
         "jpg": "jpeg",
         "json": "json",
@@ -181,3 +185,50 @@ def test_s3_and_http_sources_import_like_local_files(tmp_path: Path, s3_bucket: 
             )
     finally:
         server.shutdown()
+
+
+def test_keys_can_be_left_out_and_a_member_cannot_shadow_them(tmp_path: Path) -> None:
+    pattern = _write(tmp_path / "wds", _samples(10))
+    result = build_import(
+        ImportConfig(
+            format="webdataset",
+            inputs=(pattern,),
+            output=str(tmp_path / "out"),
+            keep_key=False,
+            **SMALL,
+        )
+    )
+    assert "__key__" not in result.columns and result.samples == 10
+    clash = tmp_path / "clash.tar"
+    with tarfile.open(clash, "w") as tar:
+        for name in ("a.txt", "a.__key__"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"x"))
+    with pytest.raises(InputError, match=r"key a: member .__key__ clashes with the key column"):
+        build_import(
+            ImportConfig(
+                format="webdataset", inputs=(str(clash),), output=str(tmp_path / "o2"), **SMALL
+            )
+        )
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b'{"text": "a line of JSON"}\n' * 40, "it starts like JSON text"),
+        (b'{"text": "short"}\n', "it starts like JSON text"),
+        (b"\x1f\x8b\x08\x00" + bytes(600), "gzip-compressed: decompress it first"),
+        (b"plain words\n", "12 bytes, less than one 512-byte tar header"),
+    ],
+)
+def test_a_file_that_is_not_a_tar_is_named_so(tmp_path: Path, content: bytes, why: str) -> None:
+    # A .jsonl given by mistake was reported as a "truncated tar".
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(InputError, match=rf"data\.jsonl: not a tar file \({re.escape(why)}\)"):
+        build_import(
+            ImportConfig(
+                format="webdataset", inputs=(str(path),), output=str(tmp_path / "o"), **SMALL
+            )
+        )
