@@ -10,10 +10,11 @@ tokens in order, so the output cannot depend on scheduling.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from shardstream.errors import InputError
 from shardstream.shard_builder.inputs import InputFile, file_kind
@@ -110,14 +111,7 @@ def _jsonl_docs(chunk: TextChunk, field: str) -> list[str]:
         line_start, offset = offset, offset + len(line) + 1
         if not line.strip():
             continue  # blank lines (and the one after a trailing newline) carry no document
-        try:
-            obj = json.loads(line)
-        except ValueError as exc:
-            raise _line_error(
-                chunk.path,
-                line_start,
-                f"invalid JSON ({exc}); text input is JSON Lines: one object per line",
-            ) from None
+        obj = _parse_line(line, chunk.path, line_start)
         if not isinstance(obj, dict) or field not in obj:
             keys = ", ".join(obj) if isinstance(obj, dict) else type(obj).__name__
             raise _line_error(
@@ -130,6 +124,33 @@ def _jsonl_docs(chunk: TextChunk, field: str) -> list[str]:
             )
         docs.append(text)
     return docs
+
+
+# A \uD800-\uDFFF escape: only in JSON text can a string hold a lone surrogate.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _parse_line(line: bytes, path: Path, offset: int) -> Any:
+    """The JSON value of one line; bad JSON, JSON nested deeper than the parser follows
+    (a RecursionError) and a lone surrogate escape (valid JSON, but no Unicode text: the
+    tokenizer failed on it) are one :class:`InputError` naming the file and line."""
+    try:
+        obj = json.loads(line)
+    except ValueError as exc:
+        raise _line_error(
+            path, offset, f"invalid JSON ({exc}); text input is JSON Lines: one object per line"
+        ) from None
+    except RecursionError:
+        raise _line_error(path, offset, "JSON nested too deeply to read") from None
+    if _SURROGATE_ESCAPE.search(line) is not None:  # rare: checked only where one may be
+        try:
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = f"\\u{ord(exc.object[exc.start]):04x}"
+            raise _line_error(
+                path, offset, f"a lone surrogate {bad} in a string: not Unicode text"
+            ) from None
+    return obj
 
 
 def _line_error(path: Path, offset: int, problem: str) -> InputError:
