@@ -167,7 +167,7 @@ def _value(fmt: str, data: bytes, where: str) -> Column:
             except Exception as exc:  # a pickle can fail in any way (missing classes, ...)
                 raise InputError(f"{where}: the value does not unpickle ({exc!r})") from exc
             return column_of(value, where, "unpickled value")
-    except (ValueError, UnicodeDecodeError, EOFError) as exc:
+    except (ValueError, EOFError, RecursionError) as exc:  # Recursion: JSON nested too deeply
         raise InputError(f"{where}: the value is not {fmt} ({exc})") from exc
     return "bytes", data
 

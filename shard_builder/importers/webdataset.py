@@ -108,7 +108,7 @@ def decode_member(ext: str, data: bytes, where: str) -> Column:
             return "json", json.loads(data)
         if last == "npy":
             return "ndarray", np.load(io.BytesIO(data), allow_pickle=False)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deeply
         raise InputError(f"{where}.{ext}: cannot read the {last} member ({exc})") from exc
     return "bytes", data
 

@@ -357,6 +357,27 @@ def _litdata_count(value: int) -> object:
     return make
 
 
+DEEP_JSON = b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+
+
+def _deep_json_member(tmp_path: Path) -> tuple[str, Path, str]:
+    tar = tmp_path / "deep.tar"
+    members = [_plain_member("k1.json", b'{"a": 1}'), _plain_member("k2.json", DEEP_JSON)]
+    tar.write_bytes(b"".join(members) + b"\0" * 1024)
+    return "webdataset", tar, r"deep\.tar key k2\.json: cannot read the json member"
+
+
+def _deep_json_value(tmp_path: Path) -> tuple[str, Path, str]:
+    import lmdb
+
+    env = lmdb.open(str(tmp_path / "db"), map_size=1 << 24)
+    with env.begin(write=True) as txn:
+        txn.put(b"k1", b'{"a": 1}')
+        txn.put(b"k2", DEEP_JSON)
+    env.close()
+    return "lmdb-json", tmp_path / "db", r"db key b'k2': the value is not json"
+
+
 HOSTILE = {
     "dataset_dict-not-json": _hostile_dataset_dict("{not json"),
     "dataset_dict-a-string": _hostile_dataset_dict('"x"'),
@@ -369,6 +390,8 @@ HOSTILE = {
     "litdata-config-refused": _litdata_config,
     "litdata-count-past-int64": _litdata_count(1 << 70),
     "litdata-count-negative": _litdata_count(-3),
+    "webdataset-json-too-deep": _deep_json_member,
+    "lmdb-json-too-deep": _deep_json_value,
 }
 
 
@@ -379,6 +402,8 @@ def test_hostile_input_is_one_error_line_naming_file_and_position(
     kind, source, pattern = HOSTILE[case](tmp_path)  # type: ignore[operator]
     if kind == "text":
         args = ["build", "text", str(source), "--seq-len", "16"]
+    elif kind == "lmdb-json":
+        args = ["import", "lmdb", str(source), "--value-format", "json"]
     else:
         args = ["import", kind, str(source)]
     command = [sys.executable, "-m", "shardstream", *args, "--output", str(tmp_path / "out")]
