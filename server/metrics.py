@@ -74,8 +74,21 @@ class _EntityCollector:
         return []
 
 
+CLIENT_DISCONNECT = "client_disconnect"
+"""The ``status`` label of a request its client abandoned before any answer started: no
+server error (so ``status=~"5.."`` alerts mean the server failed) and no client error."""
+
+UNMATCHED = "<unmatched>"
+
+
 class MetricsMiddleware:
-    """Pure ASGI middleware timing every HTTP request (cheaper than BaseHTTPMiddleware)."""
+    """Pure ASGI middleware timing every HTTP request (cheaper than BaseHTTPMiddleware).
+
+    A request whose client hung up before an answer started (half a body sent, a commit
+    cancelled by a killed job) is counted with status :data:`CLIENT_DISCONNECT` (on route
+    ``<unmatched>`` where the body guard stopped it before routing). A request the app
+    left unanswered for any other reason, or that raised, stays a 500: a server error.
+    """
 
     def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
         self.app = app
@@ -86,7 +99,15 @@ class MetricsMiddleware:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
-        status = 500
+        status: int | None = None
+        disconnected = False
+
+        async def receive_wrapper() -> Message:
+            nonlocal disconnected
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                disconnected = True
+            return message
 
         async def send_wrapper(message: Message) -> None:
             nonlocal status
@@ -94,14 +115,24 @@ class MetricsMiddleware:
                 status = int(message["status"])
             await send(message)
 
+        raised = True
         try:
-            await self.app(scope, receive, send_wrapper)
+            await self.app(scope, receive_wrapper, send_wrapper)
+            raised = False
         finally:
+            if status is not None:
+                label = str(status)
+            elif disconnected and not raised:
+                label = CLIENT_DISCONNECT
+            else:
+                label = "500"  # the server answers 500 for an app that raised or said nothing
             route: Any = scope.get("route")
-            template = getattr(route, "path", None) or "<unmatched>"
+            # A request abandoned inside the body guard never reached the router: its
+            # route is unknown, and the label says so rather than guessing.
+            template = getattr(route, "path", None) or UNMATCHED
             method = scope.get("method", "")
             elapsed = time.perf_counter() - start
-            self.metrics.requests.labels(method, template, str(status)).inc()
+            self.metrics.requests.labels(method, template, label).inc()
             self.metrics.latency.labels(method, template).observe(elapsed)
             if access_log.isEnabledFor(logging.INFO):
                 access_log.info(
@@ -110,7 +141,7 @@ class MetricsMiddleware:
                         "method": method,
                         "path": scope.get("path", ""),
                         "route": template,
-                        "status": status,
+                        "status": label if status is None else status,
                         "duration_ms": round(elapsed * 1000, 3),
                     },
                 )
