@@ -33,6 +33,18 @@ def register(subparsers: Any) -> None:
     text.add_argument("--seq-len", type=int, default=2048, help="tokens per sample (2048)")
     # Input bytes per unit of parallel work: a tuning knob (tests use small ones).
     text.add_argument("--chunk-bytes", help=argparse.SUPPRESS)
+    text.add_argument(
+        "--documents",
+        action="store_true",
+        help="store each document as one variable-length token array, for packing at "
+        "read time (PackOptions); --seq-len is then unused",
+    )
+    text.add_argument(
+        "--prompt-field",
+        metavar="FIELD",
+        help="with --documents: chat/SFT records; a document is this field's prompt then "
+        "--field's response, with a loss_mask column (1 on the response)",
+    )
     _add_output_options(text)
     text.set_defaults(handler=_run_text)
 
@@ -178,6 +190,8 @@ def _run_text(args: argparse.Namespace) -> int:
             tokenizer=Path(args.tokenizer) if args.tokenizer else None,
             eos_token=args.eos_token,
             seq_len=args.seq_len,
+            documents=args.documents,
+            prompt_field=args.prompt_field,
             chunk_bytes=parse_size(args.chunk_bytes) if args.chunk_bytes else DEFAULT_CHUNK_BYTES,
             **_output_options(args, output),
         )

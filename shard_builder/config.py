@@ -18,6 +18,8 @@ from shardstream.mds import DEFAULT_BLOCK_SIZE, DEFAULT_PIECE_SIZE
 from shardstream.mds._pieces import check_piece_size
 
 MB = 1 << 20
+MASK_COLUMN = "loss_mask"
+"""Column of a document build's per-token loss mask (``prompt_field`` builds)."""
 DEFAULT_SHARD_SIZE = 128 * MB
 MIN_BLOCK_SIZE = 64 << 10
 MAX_BLOCK_SIZE = 64 * MB
@@ -157,6 +159,14 @@ class TextBuildConfig(OutputOptions):
     seq_len: int = 2048
     column: str = "tokens"
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    documents: bool = False
+    """Store each document as one variable-length token array (its EOS included) instead
+    of cutting the stream into ``seq_len`` sequences: the reader packs them
+    (``PackOptions``, docs/training.md "Packing and masks"). ``seq_len`` is unused."""
+    prompt_field: str | None = None
+    """With ``documents``: records are chat/SFT pairs, ``prompt_field`` then ``field`` (the
+    response); a document is prompt + response + EOS, with a ``loss_mask`` column (uint8)
+    that is 1 on the response and its EOS, 0 on the prompt."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -171,6 +181,18 @@ class TextBuildConfig(OutputOptions):
             raise ConfigError(f"chunk_bytes must be positive, got {self.chunk_bytes}")
         if not self.field:
             raise ConfigError("field: name the JSON/Parquet field that holds the text")
+        if self.prompt_field is not None and not self.documents:
+            raise ConfigError(
+                "prompt-field needs --documents: prompt/response pairs are stored as "
+                "documents with a loss mask"
+            )
+        if self.prompt_field is not None and self.prompt_field in ("", self.field):
+            raise ConfigError(
+                f"prompt-field {self.prompt_field!r} must name another field than the "
+                f"response field {self.field!r}"
+            )
+        if self.documents and self.column == MASK_COLUMN:
+            raise ConfigError(f"column {MASK_COLUMN!r} is the loss mask's; name the tokens another")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -246,6 +268,9 @@ def content_options(config: OutputOptions) -> dict[str, Any]:
         del out["block_size"]  # the same for builds made before the option
     if out.get("piece_size") == DEFAULT_PIECE_SIZE:
         out.pop("piece_size")  # the same for builds made before the option
+    for name in ("documents", "prompt_field"):
+        if name in out and not out[name]:
+            del out[name]  # the same for token builds made before document builds
     return out
 
 

@@ -130,7 +130,9 @@ TextProducer = Callable[[TextJob], TextTotals]
 
 
 def build_text(config: TextBuildConfig) -> BuildResult:
-    """Tokenize ``config.inputs`` into ``ndarray:<uint16|uint32>:<seq_len>`` shards.
+    """Tokenize ``config.inputs`` into ``ndarray:<uint16|uint32>:<seq_len>`` shards (with
+    ``config.documents``: one variable-length ``ndarray:<dtype>`` per document, see
+    :mod:`.documents`).
 
     Raises :class:`InputError` for malformed input (naming file and line/row) and
     :class:`ConfigError` for bad options or a tokenizer that does not load. Re-running an
@@ -141,6 +143,10 @@ def build_text(config: TextBuildConfig) -> BuildResult:
         result = build_text(TextBuildConfig(output="out", inputs=("data/*.jsonl",), seq_len=512))
         print(result.samples, result.dropped_tokens)
     """
+    if config.documents:
+        from shardstream.shard_builder.documents import produce_documents
+
+        return run_text_build(config, produce_documents)
     return run_text_build(config, _produce_locally)
 
 
@@ -158,7 +164,12 @@ def run_text_build(
     spec = TokenizerSpec(config.tokenizer, config.eos_token)
     tokenizer = spec.load()
     dtype = token_dtype(tokenizer.vocab_size)
-    columns = {config.column: f"ndarray:{dtype.name}:{config.seq_len}"}
+    if config.documents:
+        from shardstream.shard_builder.documents import document_columns
+
+        columns = document_columns(config, dtype)
+    else:
+        columns = {config.column: f"ndarray:{dtype.name}:{config.seq_len}"}
     chunks = source.chunks
     described = tokenizer.describe()
     fp = fingerprint(
@@ -178,8 +189,12 @@ def run_text_build(
         # Journal positions count in chunks: a resume must cut the input the same way.
         journal = BuildJournal(sink, fingerprint({"content": fp, "chunks": config.chunk_bytes}))
         done = journal.start()
-        per_shard = samples_per_shard(
-            columns, config.shard_size, compression=config.compression, hashes=config.hashes
+        per_shard = (
+            0  # documents: shards are cut by size
+            if config.documents
+            else samples_per_shard(
+                columns, config.shard_size, compression=config.compression, hashes=config.hashes
+            )
         )
         resume = done[-1].resume if done else {}
         start = StreamPosition.from_dict(resume["stream"]) if done else StreamPosition(0, 0, 0)
@@ -212,7 +227,7 @@ def run_text_build(
             "kind": "text",
             "fingerprint": fp,
             "columns": columns,
-            "seq_len": config.seq_len,
+            **({"layout": "documents"} if config.documents else {"seq_len": config.seq_len}),
             "tokenizer": described,
             "eos_id": tokenizer.eos_id,
             "vocab_size": tokenizer.vocab_size,

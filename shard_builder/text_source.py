@@ -35,13 +35,17 @@ class TextChunk:
 
 
 def plan_chunks(
-    files: Sequence[InputFile], field: str, chunk_bytes: int = 2 << 20
+    files: Sequence[InputFile], field: str | tuple[str, ...], chunk_bytes: int = 2 << 20
 ) -> list[TextChunk]:
-    """Split every file into chunks of about ``chunk_bytes`` (JSONL) or one per row group."""
+    """Split every file into chunks of about ``chunk_bytes`` (JSONL) or one per row group
+    (each Parquet file checked to have the text ``field``, or every one of ``field``)."""
+    fields = (field,) if isinstance(field, str) else field
     chunks: list[TextChunk] = []
     for f in files:
         if file_kind(f.path) == "parquet":
-            chunks.extend(_parquet_chunks(f.path, f.size, field))
+            for name in fields[1:]:
+                list(_parquet_chunks(f.path, f.size, name))  # checks the column
+            chunks.extend(_parquet_chunks(f.path, f.size, fields[0]))
         else:
             chunks.extend(_jsonl_chunks(f.path, f.size, chunk_bytes))
     return chunks
@@ -95,34 +99,47 @@ def _parquet_chunks(path: Path, size: int, field: str) -> Iterator[TextChunk]:
 
 def read_docs(chunk: TextChunk, field: str) -> Iterator[list[str]]:
     """The chunk's documents in order, in batches; :class:`InputError` names file and line/row."""
+    for records in read_records(chunk, (field,)):
+        yield [r[0] for r in records]
+
+
+def read_records(chunk: TextChunk, fields: tuple[str, ...]) -> Iterator[list[tuple[str, ...]]]:
+    """The chunk's records in order, in batches, each as its string ``fields`` (e.g.
+    ``("prompt", "response")``); :class:`InputError` names file and line/row."""
     if chunk.kind == "parquet":
-        yield from _parquet_docs(chunk, field)
+        yield from _parquet_docs(chunk, fields)
     else:
-        yield _jsonl_docs(chunk, field)
+        yield _jsonl_docs(chunk, fields)
 
 
-def _jsonl_docs(chunk: TextChunk, field: str) -> list[str]:
+def _jsonl_docs(chunk: TextChunk, fields: tuple[str, ...]) -> list[tuple[str, ...]]:
     with open(chunk.path, "rb") as fh:
         fh.seek(chunk.start)
         data = fh.read(chunk.end - chunk.start)
-    docs: list[str] = []
+    docs: list[tuple[str, ...]] = []
     offset = chunk.start
     for line in data.split(b"\n"):
         line_start, offset = offset, offset + len(line) + 1
         if not line.strip():
             continue  # blank lines (and the one after a trailing newline) carry no document
         obj = _parse_line(line, chunk.path, line_start)
-        if not isinstance(obj, dict) or field not in obj:
-            keys = ", ".join(obj) if isinstance(obj, dict) else type(obj).__name__
-            raise _line_error(
-                chunk.path, line_start, f"no field {field!r} (found: {keys}); use --field"
-            )
-        text = obj[field]
-        if not isinstance(text, str):
-            raise _line_error(
-                chunk.path, line_start, f"field {field!r} is {type(text).__name__}, not a string"
-            )
-        docs.append(text)
+        texts = []
+        for field in fields:
+            if not isinstance(obj, dict) or field not in obj:
+                keys = ", ".join(obj) if isinstance(obj, dict) else type(obj).__name__
+                hint = "use --field" if len(fields) == 1 else "use --prompt-field/--response-field"
+                raise _line_error(
+                    chunk.path, line_start, f"no field {field!r} (found: {keys}); {hint}"
+                )
+            text = obj[field]
+            if not isinstance(text, str):
+                raise _line_error(
+                    chunk.path,
+                    line_start,
+                    f"field {field!r} is {type(text).__name__}, not a string",
+                )
+            texts.append(text)
+        docs.append(tuple(texts))
     return docs
 
 
@@ -160,19 +177,22 @@ def _line_error(path: Path, offset: int, problem: str) -> InputError:
     return InputError(f"{path}:{line_no}: {problem}")
 
 
-def _parquet_docs(chunk: TextChunk, field: str) -> Iterator[list[str]]:
+def _parquet_docs(chunk: TextChunk, fields: tuple[str, ...]) -> Iterator[list[tuple[str, ...]]]:
     pf = _open_parquet(chunk.path)
     row = chunk.first_row
     try:
         batches = pf.iter_batches(  # type: ignore[attr-defined]
-            batch_size=_PARQUET_BATCH_ROWS, row_groups=[chunk.start], columns=[field]
+            batch_size=_PARQUET_BATCH_ROWS, row_groups=[chunk.start], columns=list(fields)
         )
         for batch in batches:
-            column = batch.column(0)
-            if column.null_count:
-                bad = row + column.is_null().to_pylist().index(True)
-                raise InputError(f"{chunk.path}: row {bad}: field {field!r} is null")
-            docs: list[str] = column.to_pylist()
+            values = []
+            for at, field in enumerate(fields):
+                column = batch.column(at)
+                if column.null_count:
+                    bad = row + column.is_null().to_pylist().index(True)
+                    raise InputError(f"{chunk.path}: row {bad}: field {field!r} is null")
+                values.append(column.to_pylist())
+            docs: list[tuple[str, ...]] = list(zip(*values, strict=True))
             row += len(docs)
             yield docs
     except InputError:

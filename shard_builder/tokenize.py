@@ -40,6 +40,10 @@ class DocTokenizer(Protocol):
         """All documents' ids, each followed by EOS, as one array of :func:`token_dtype`."""
         ...
 
+    def encode_lengths(self, docs: Sequence[str]) -> tuple[TokenArray, npt.NDArray[np.int64]]:
+        """:meth:`encode_docs` and each document's length in it (its EOS included)."""
+        ...
+
     def describe(self) -> dict[str, Any]:
         """JSON description kept in the dataset metadata."""
         ...
@@ -63,6 +67,10 @@ def _join_with_eos(
     return out
 
 
+def _with_eos(lengths: Sequence[int]) -> npt.NDArray[np.int64]:
+    return np.asarray(lengths, dtype=np.int64) + 1
+
+
 class ByteTokenizer:
     """UTF-8 bytes as ids 0-255 and EOS 256: no file needed, every text encodes."""
 
@@ -71,8 +79,13 @@ class ByteTokenizer:
 
     def encode_docs(self, docs: Sequence[str]) -> TokenArray:
         """UTF-8 bytes of each document followed by 256."""
+        return self.encode_lengths(docs)[0]
+
+    def encode_lengths(self, docs: Sequence[str]) -> tuple[TokenArray, npt.NDArray[np.int64]]:
+        """:meth:`encode_docs` and each document's length (EOS included)."""
         encoded = [np.frombuffer(d.encode("utf-8"), dtype=np.uint8) for d in docs]
-        return _join_with_eos(encoded, [len(b) for b in encoded], self.eos_id, _U16)
+        lengths = [len(b) for b in encoded]
+        return _join_with_eos(encoded, lengths, self.eos_id, _U16), _with_eos(lengths)
 
     def describe(self) -> dict[str, Any]:
         """``{"kind": "bytes", ...}``."""
@@ -118,9 +131,15 @@ class HFTokenizer:
 
     def encode_docs(self, docs: Sequence[str]) -> TokenArray:
         """Batch-encode (no special tokens) and join with EOS."""
+        return self.encode_lengths(docs)[0]
+
+    def encode_lengths(self, docs: Sequence[str]) -> tuple[TokenArray, npt.NDArray[np.int64]]:
+        """:meth:`encode_docs` and each document's length (EOS included)."""
         encodings = self._tok.encode_batch_fast(list(docs), add_special_tokens=False)
         ids = [e.ids for e in encodings]
-        return _join_with_eos(ids, [len(i) for i in ids], self._eos, token_dtype(self._vocab))
+        lengths = [len(i) for i in ids]
+        joined = _join_with_eos(ids, lengths, self._eos, token_dtype(self._vocab))
+        return joined, _with_eos(lengths)
 
     def describe(self) -> dict[str, Any]:
         """Kind, file path and sha256, vocabulary size and EOS."""
