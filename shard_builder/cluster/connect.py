@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardstream.errors import ConfigError
+from shardstream.shard_builder.cluster import ray_auth
 
 _INSTALL = "pip install 'shardstream[ray]'"
 _LOOPBACK = "127.0.0.1"
@@ -93,6 +94,12 @@ def worker_env(forward: bool) -> dict[str, str]:
     return env
 
 
+def _is_host_port(address: str) -> bool:
+    """``HOST:PORT`` (not ``auto``, not ``ray://``, which goes through Ray Client)."""
+    host, _, port = address.rpartition(":")
+    return bool(host) and port.isdigit() and "://" not in address
+
+
 def _loopback_host(address: str) -> str | None:
     host = address.removeprefix("ray://").rsplit(":", 1)[0]
     return host if host.startswith("127.") else None
@@ -116,6 +123,7 @@ def ray_session(options: RayOptions) -> Iterator[Any]:
     with ExitStack() as session:
         if options.address == "local":
             session.enter_context(_loopback_only(ray))
+            session.enter_context(ray_auth.environment(ray, ray_auth.local_settings()))
             kwargs.update(
                 address="local",  # a new instance, even where `ray start` runs a cluster
                 num_cpus=options.workers or os.cpu_count() or 1,
@@ -124,6 +132,9 @@ def ray_session(options: RayOptions) -> Iterator[Any]:
             )
         else:
             kwargs["address"] = options.address
+            if _is_host_port(options.address):  # token authentication or not: as the cluster
+                settings = ray_auth.join_settings(ray, options.address)
+                session.enter_context(ray_auth.environment(ray, settings))
             loopback = _loopback_host(options.address)
             if loopback is not None:  # a cluster on this machine's loopback (tests, try-outs)
                 kwargs["_node_ip_address"] = loopback

@@ -7,6 +7,7 @@ inputs and options: shards, ``index.json`` and ``shardstream.json``.
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ from tests.builder.conftest import (
     write_jsonl,
     write_parquet,
 )
-from tests.fixtures.ray_cluster import TEST_RAY_ENV, RayCluster
+from tests.fixtures.ray_cluster import TEST_RAY_ENV, RayCluster, token_auth_head
 from tests.fixtures.s3 import S3Bucket
 
 # Starts Ray: runs only in a private network namespace (tests/fixtures/netns.py).
@@ -371,3 +372,94 @@ def _on_loopback(local: str) -> bool:
     ``[::1]:80``) is a loopback one."""
     host = local.rsplit(":", 1)[0].strip("[]").removeprefix("::ffff:")
     return host.startswith("127.") or host == "::1"
+
+
+def _build_as_a_user(args: list[str], home: Path) -> subprocess.CompletedProcess[str]:
+    """``shardstream build ARGS`` with ``home`` as HOME and no Ray authentication settings
+    (as a user runs it: not the tests' ``RAY_AUTH_MODE=disabled``)."""
+    env = {**os.environ, "HOME": str(home), "PYTHONPATH": str(Path(__file__).parents[2])}
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        env.pop(name, None)
+    return subprocess.run(
+        [sys.executable, "-m", "shardstream", "build", *args],
+        capture_output=True, text=True, env=env, timeout=300, check=False,
+    )  # fmt: skip
+
+
+def _small_text_build(tmp_path: Path, output: str) -> list[str]:
+    corpus = tmp_path / "d.jsonl"
+    if not corpus.exists():
+        write_jsonl(corpus, make_docs(200, seed=38))
+    return [
+        *("text", str(corpus), "-o", str(tmp_path / output), "--seq-len", "16"),
+        *("--shard-size", "2KB", "--allow-small-shards", "--chunk-bytes", "4KB", "--no-progress"),
+    ]
+
+
+def _home(tmp_path: Path, name: str, token: str | None = None) -> Path:
+    """A HOME folder, with ``~/.ray/auth_token`` holding ``token`` if given."""
+    home = tmp_path / name
+    (home / ".ray").mkdir(parents=True)
+    if token is not None:
+        (home / ".ray" / "auth_token").write_text(token)
+    return home
+
+
+def test_ray_local_leaves_no_token_that_would_switch_later_clusters_to_tokens(
+    tmp_path: Path,
+) -> None:
+    # Ray writes ~/.ray/auth_token at a local start, and from then on every `ray start
+    # --head` on the machine turns token authentication on. The try-out runs with a token
+    # of its own, passed through the environment: nothing is left in ~/.ray.
+    home = _home(tmp_path, "home")
+    done = _build_as_a_user([*_small_text_build(tmp_path, "o"), "--ray", "local"], home)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "o" / "index.json").exists()
+    assert list((home / ".ray").iterdir()) == []
+
+
+def test_cli_ray_joins_a_token_authenticated_cluster_or_names_the_missing_token(
+    tmp_path: Path,
+) -> None:
+    token = secrets.token_hex(32)
+    with token_auth_head(_home(tmp_path, "head", token)) as address:
+        # The driver has the cluster's token (~/.ray/auth_token): it sends it.
+        done = _build_as_a_user(
+            [*_small_text_build(tmp_path, "with-token"), "--ray", address],
+            _home(tmp_path, "driver", token),
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert (tmp_path / "with-token" / "index.json").exists()
+
+        # No token here: one error that names token authentication and the fix.
+        done = _build_as_a_user(
+            [*_small_text_build(tmp_path, "no-token"), "--ray", address], _home(tmp_path, "bare")
+        )
+        assert done.returncode == 1
+        assert f"the Ray cluster at '{address}' uses token authentication" in done.stderr
+        assert "this machine has no token" in done.stderr
+        assert "RAY_AUTH_TOKEN" in done.stderr and "auth_token" in done.stderr
+        assert "ray start --head" not in done.stderr  # not the "start a cluster" advice
+        assert "Traceback" not in done.stderr
+
+        # Another cluster's token: refused, said so.
+        done = _build_as_a_user(
+            [*_small_text_build(tmp_path, "bad-token"), "--ray", address],
+            _home(tmp_path, "other", secrets.token_hex(32)),
+        )
+        assert done.returncode == 1
+        assert "refuses this machine's token (from " in done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_cli_ray_joins_a_cluster_without_tokens_from_a_machine_that_has_one(
+    tmp_path: Path, ray_cluster: RayCluster
+) -> None:
+    # The fixture's cluster runs without token authentication; this driver has a token
+    # (left by an earlier local Ray start) and sends none where none is wanted.
+    done = _build_as_a_user(
+        [*_small_text_build(tmp_path, "o"), "--ray", ray_cluster.address],
+        _home(tmp_path, "driver", secrets.token_hex(32)),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "o" / "index.json").exists()
