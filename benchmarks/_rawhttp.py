@@ -3,7 +3,7 @@
 The load generator shares the machine's cores with the server under test, so it must
 cost as little CPU per request as possible: httpx costs about 1 ms of CPU per request,
 this client (on uvloop) well under 0.1 ms. It speaks only what the benchmark needs: one
-connection, one request at a time, ``Content-Length`` bodies (what uvicorn sends for
+connection, one request at a time, ``Content-Length`` or chunked bodies (what uvicorn sends for
 non-streamed responses). It is not part of shardstream: the SDK uses httpx.
 """
 
@@ -67,10 +67,25 @@ class RawClient:
             if line:
                 name, _, value = line.partition(":")
                 headers[name.lower()] = value.strip()
-        payload = await self._reader.readexactly(int(headers.get("content-length", "0")))
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            payload = await self._chunked()
+        else:
+            payload = await self._reader.readexactly(int(headers.get("content-length", "0")))
         if headers.get("connection") == "close":
             await self.close()
         return Response(status, headers, payload)
+
+    async def _chunked(self) -> bytes:
+        """A ``Transfer-Encoding: chunked`` body (a streamed response), whole."""
+        assert self._reader is not None
+        parts = []
+        while True:
+            size = int((await self._reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            if size == 0:
+                await self._reader.readuntil(b"\r\n")  # no trailers are sent
+                return b"".join(parts)
+            parts.append(await self._reader.readexactly(size))
+            await self._reader.readexactly(2)
 
     async def close(self) -> None:
         if self._writer is not None:

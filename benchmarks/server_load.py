@@ -21,7 +21,7 @@ of the server, the load generator and PostgreSQL:
 - **start-up + canary**: every rank starts up back to back (saturating the server) while
   a canary commits ``--canary`` checkpoints on a connection of its own; the canary's
   latency p50/p99 is what a training loop's commit sees under a starting job's reads.
-- **route: version / index page / presign**: one kind of request at a time, printed with
+- **route: version / index page / index.json / presign**: one kind of request at a time, printed with
   the server's requests per CPU-second for that route.
 
 The server runs as ``shardstream server`` under uvicorn on loopback (``--sqlite-workers``
@@ -222,6 +222,7 @@ def _routes(args: argparse.Namespace) -> list[tuple[str, str, str, bytes | None]
     return [
         ("route: version", "GET", v, None),
         ("route: index page", "GET", f"{v}/shards?limit={args.page_size}", None),
+        ("route: index.json", "GET", f"{v}/index.json", None),
         ("route: presign", "POST", f"{v}/presign", json.dumps({"keys": keys}).encode()),
     ]
 
@@ -305,6 +306,33 @@ def _drop(name: str | None) -> None:
         admin.dispose()
 
 
+def _mds_entry(key: str, i: int) -> dict[str, object]:
+    """An ``index.json`` entry the size our writer makes for a 64 MiB shard (block digests
+    every 4 MiB, the header's and the piece table's digests): about 800 bytes."""
+    return {
+        "column_encodings": ["ndarray:uint16:2048"],
+        "column_names": ["tokens"],
+        "column_sizes": [4096],
+        "compression": "zstd:3",
+        "format": "mds",
+        "hashes": ["xxh3_64"],
+        "raw_data": {
+            "basename": key.removesuffix(".zstd"),
+            "bytes": 64 << 20,
+            "hashes": {
+                "blocks:xxh3_64:4194304": f"{i:016x}" * 16,
+                "header:xxh3_64:65544": f"{i + 1:016x}",
+                "pieces:xxh3_64:65536": f"{i + 2:016x}",
+                "xxh3_64": f"{i:016x}",
+            },
+        },
+        "samples": 16384,
+        "size_limit": 67108864,
+        "version": 2,
+        "zip_data": {"basename": key, "bytes": 16, "hashes": {"xxh3_64": f"{i:016x}"}},
+    }
+
+
 def _seed(
     base: str, admin_token: str, root: Path, args: argparse.Namespace
 ) -> tuple[str, list[int]]:
@@ -332,6 +360,7 @@ def _seed(
                     stored_bytes=16,
                     compression="zstd",
                     hashes={"xxh3_64": f"{i:016x}"},
+                    mds=_mds_entry(key, i),
                 )
             )
         api.add_shards("bench", draft.number, records)

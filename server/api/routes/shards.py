@@ -110,6 +110,12 @@ def _stream_index(factory: sessionmaker[Session], version_id: int, shards: int) 
         session.close()
 
 
+# index.json of a published version up to this many shards (~3 MB at our writer's ~800
+# bytes per entry) is built once per process and kept with the index pages; larger ones
+# are streamed from the database every time, never held whole.
+INDEX_CACHE_SHARDS = 4_000
+
+
 @router.get(
     "/index.json",
     response_class=StreamingResponse,
@@ -118,28 +124,58 @@ def _stream_index(factory: sessionmaker[Session], version_id: int, shards: int) 
 async def mds_index(
     name: DatasetName, number: VersionNumber, request: Request, who: Reader
 ) -> Response:
-    """The version as an MDS ``index.json`` (streamed, never built whole in memory)."""
+    """The version as an MDS ``index.json``.
+
+    A published version's index never changes: up to ``INDEX_CACHE_SHARDS`` shards it is
+    built once per process (gzip-compressed too, for clients that take it) and answered
+    from memory, a query-free request like an index page. Larger ones are streamed, never
+    built whole in memory.
+    """
     who.require_dataset(name)
     version = await version_snapshot(request, name, number)
     published_only(version, "index.json")
     etag = version.etag("index")
+    factory = request.app.state.read_sessions
+
+    def refuse_without_entries(session: Session) -> None:
+        if data.missing_mds(session, version.id):
+            raise ConflictError(
+                f"version {number} of {name!r} was registered without MDS index entries; "
+                "page through /shards instead",
+                409,
+            )
+
+    if etag is not None and version.num_shards <= INDEX_CACHE_SHARDS:
+        gzipped = accepts_gzip(request)
+        sent_etag = gzip_etag(etag) if gzipped else etag
+        cached = not_modified(request, sent_etag)
+        if cached is not None:
+            return cached
+
+        def load() -> bytes:
+            with factory() as session:
+                refuse_without_entries(session)
+            return b"".join(_stream_index(factory, version.id, version.num_shards))
+
+        body = await request.app.state.published.page(etag, load, gzipped=gzipped)
+        out = Response(content=body, media_type="application/json")
+        if gzipped:
+            out.headers["Content-Encoding"] = "gzip"
+        out.headers["Vary"] = "Accept-Encoding"
+        set_cache_headers(out, sent_etag)
+        return out
+
     cached = not_modified(request, etag)
     if cached is not None:
         return cached
-    factory = request.app.state.read_sessions
 
-    def missing() -> bool:
+    def missing() -> None:
         with factory() as session:
-            return data.missing_mds(session, version.id)
+            refuse_without_entries(session)
 
-    if await run_in_threadpool(missing):
-        raise ConflictError(
-            f"version {number} of {name!r} was registered without MDS index entries; page "
-            "through /shards instead",
-            409,
-        )
+    await run_in_threadpool(missing)
     response = StreamingResponse(
-        _stream_index(request.app.state.read_sessions, version.id, version.num_shards),
+        _stream_index(factory, version.id, version.num_shards),
         media_type="application/json",
     )
     set_cache_headers(response, etag)
