@@ -21,8 +21,8 @@ of the server, the load generator and PostgreSQL:
 - **start-up + canary**: every rank starts up back to back (saturating the server) while
   a canary commits ``--canary`` checkpoints on a connection of its own; the canary's
   latency p50/p99 is what a training loop's commit sees under a starting job's reads.
-- **route: version / index page / index.json / presign**: one kind of request at a time, printed with
-  the server's requests per CPU-second for that route.
+- **route: version / index page / index.json / presign**: one kind of request at a time,
+  printed with the server's requests per CPU-second for that route.
 
 The server runs as ``shardstream server`` under uvicorn on loopback (``--sqlite-workers``
 on SQLite, ``--pg-workers`` on PostgreSQL) with a database-backed read/write token. The
