@@ -176,6 +176,46 @@ class CheckpointRow(Base):
     sample_in_epoch: Mapped[int] = mapped_column(BigInteger)
     plan: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # The attempt (RunAttemptRow.number) that committed it; None for commits of clients
+    # that register no attempts (before the ledger).
+    attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # The attempt whose rollback to an earlier step abandoned this checkpoint (it is no
+    # longer part of the run's history; a commit at its step replaces it); None if live.
+    superseded_by: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class RunAttemptRow(Base):
+    """One start of a run (the ledger): its topology, where it resumed, what it changed.
+
+    ``key`` is chosen by the job (the same on all its ranks), so every rank registers
+    the same attempt idempotently; ``number`` counts a run's attempts from 1.
+    """
+
+    __tablename__ = "run_attempts"
+    __table_args__ = (
+        UniqueConstraint("run_id", "number", name="uq_run_attempts_run_number"),
+        UniqueConstraint("run_id", "key", name="uq_run_attempts_run_key"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    number: Mapped[int] = mapped_column(Integer)
+    key: Mapped[str] = mapped_column(String(64))
+    world_size: Mapped[int] = mapped_column(BigInteger)
+    workers: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # The checkpoint it resumed from (step, and the attempt that committed it); None: the
+    # run's first start. start_epoch/start_sample: the data position it started at.
+    resumed_step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    resumed_attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    start_epoch: Mapped[int] = mapped_column(BigInteger)
+    start_sample: Mapped[int] = mapped_column(BigInteger)
+    # A rollback: the run's latest step when this attempt resumed from an earlier one.
+    rolled_back_from: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    algorithm: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    fingerprint: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # Plan changes the resume accepted (ReaderState.changes).
+    changes: Mapped[list[Any]] = mapped_column(JSON)
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class ConsoleSessionRow(Base):

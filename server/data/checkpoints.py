@@ -5,14 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from enum import Enum
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from shardstream.errors import ConflictError, NotFoundError
 from shardstream.server.auth import Principal
-from shardstream.server.models import CheckpointRow, utcnow
+from shardstream.server.models import CheckpointRow, RunAttemptRow, utcnow
 from shardstream.wire import CheckpointCreate, CheckpointPublic, Page
 
+from . import attempts as attempts_data
 from . import decode_cursor
 from . import runs as runs_data
 from .paging import bounded_page, json_size
@@ -47,6 +48,37 @@ def _same_state(row: CheckpointRow, body: CheckpointCreate) -> bool:
     )
 
 
+def _check_attempt(session: Session, run_id: int, body: CheckpointCreate) -> None:
+    """409 unless ``body.attempt`` is registered, the run's newest attempt, and resumed
+    before ``body.step``."""
+    assert body.attempt is not None
+    attempt = attempts_data.get(session, run_id, body.attempt)
+    if attempt is None:
+        raise ConflictError(
+            f"run {run_id} has no attempt {body.attempt}: register the attempt before "
+            "committing (the client does when its loader starts)",
+            409,
+        )
+    newest = session.scalar(
+        select(func.max(RunAttemptRow.number)).where(RunAttemptRow.run_id == run_id)
+    )
+    if newest is not None and newest > body.attempt:
+        raise ConflictError(
+            f"run {run_id} attempt {body.attempt} was followed by attempt {newest} (a "
+            "later start of the job); an earlier start's processes cannot commit to the "
+            "run any more (is an old job still running?)",
+            409,
+        )
+    if attempt.resumed_step is not None and body.step <= attempt.resumed_step:
+        raise ConflictError(
+            f"run {run_id} attempt {body.attempt} resumed the data at step "
+            f"{attempt.resumed_step}; step {body.step} is not after it: the trainer's "
+            "step does not match the loader's position (resume the loader at the step "
+            "of the model checkpoint the trainer restored)",
+            409,
+        )
+
+
 def commit(
     session: Session, run_id: int, body: CheckpointCreate, *, who: Principal
 ) -> tuple[CheckpointPublic, CommitResult]:
@@ -58,51 +90,76 @@ def commit(
     Re-committing a step with the same state returns it unchanged; with a different
     state, or a step below the latest, is a 409. Only the run's owner, or an admin over
     all its datasets, may commit (403), replays included.
+
+    With ``attempt`` (the ledger, :mod:`.attempts`), the commit is tied to that attempt,
+    which must be registered, and its step must come after the step the attempt resumed
+    from (a trainer whose model step is behind the loader's position is refused). A step
+    a rollback abandoned (``superseded_by``) is replaced by the new attempt's commit.
     """
     existing = session.get(CheckpointRow, (run_id, body.step))
-    if existing is None:
+    if existing is None or existing.superseded_by is not None:
         run = runs_data.get(session, run_id, lock=True)
         runs_data.require_writable(session, who, run)
         existing = session.get(CheckpointRow, (run_id, body.step))  # committed meanwhile?
     else:
         runs_data.require_writable(session, who, runs_data.get(session, run_id))
-    if existing is not None:
+    if existing is not None and existing.superseded_by is None:
         if _same_state(existing, body):
             return to_public(existing), CommitResult.unchanged
+        if body.attempt is not None:  # the more precise reason first
+            _check_attempt(session, run_id, body)
         raise ConflictError(
             f"run {run_id} already has a checkpoint at step {body.step} with another state "
             f"(epoch {existing.epoch}, sample_in_epoch {existing.sample_in_epoch}); a step's "
             "state cannot change",
             409,
         )
+    if body.attempt is not None:
+        _check_attempt(session, run_id, body)
     if run.latest_step is not None and body.step < run.latest_step:
         raise ConflictError(
             f"step {body.step} is lower than run {run_id}'s latest committed step "
-            f"{run.latest_step}; steps must increase (resume from step {run.latest_step} or "
-            "start a new run)",
+            f"{run.latest_step}; steps must increase (resume from step {run.latest_step}, "
+            "roll back by resuming from an earlier checkpoint, or start a new run)",
             409,
         )
-    row = CheckpointRow(
-        run_id=run_id,
-        step=body.step,
-        epoch=body.epoch,
-        sample_in_epoch=body.sample_in_epoch,
-        plan=body.plan,
-        created_at=utcnow(),
-    )
-    session.add(row)
+    now = utcnow()
+    if existing is not None:  # abandoned by a rollback: this attempt's commit replaces it
+        existing.epoch, existing.sample_in_epoch = body.epoch, body.sample_in_epoch
+        existing.plan, existing.created_at = body.plan, now
+        existing.attempt, existing.superseded_by = body.attempt, None
+        row = existing
+    else:
+        row = CheckpointRow(
+            run_id=run_id,
+            step=body.step,
+            epoch=body.epoch,
+            sample_in_epoch=body.sample_in_epoch,
+            plan=body.plan,
+            created_at=now,
+            attempt=body.attempt,
+        )
+        session.add(row)
     run.latest_step = body.step
-    run.updated_at = row.created_at
+    run.updated_at = now
     session.flush()
     return to_public(row), CommitResult.created
 
 
 def at_step(session: Session, run_id: int, step: int) -> CheckpointPublic:
-    """The checkpoint at ``step``, or 404."""
+    """The checkpoint at ``step``, or 404 naming the nearest steps that have one (a
+    checkpoint a rollback abandoned is gone from the run's history: 404 too)."""
     runs_data.get(session, run_id)
-    row = session.get(CheckpointRow, (run_id, step))
+    row = attempts_data.live_checkpoint(session, run_id, step)
     if row is None:
-        raise NotFoundError(f"run {run_id} has no checkpoint at step {step}", 404)
+        near = attempts_data.steps_text(attempts_data.nearest_steps(session, run_id, step))
+        gone = session.get(CheckpointRow, (run_id, step))
+        why = f" (abandoned by attempt {gone.superseded_by}'s rollback)" if gone is not None else ""
+        raise NotFoundError(
+            f"run {run_id} has no checkpoint at step {step}{why}; the nearest checkpoints "
+            f"are at {near}",
+            404,
+        )
     return to_public(row)
 
 
@@ -111,7 +168,7 @@ def latest(session: Session, run_id: int) -> CheckpointPublic:
     runs_data.get(session, run_id)
     row = session.scalars(
         select(CheckpointRow)
-        .where(CheckpointRow.run_id == run_id)
+        .where(CheckpointRow.run_id == run_id, CheckpointRow.superseded_by.is_(None))
         .order_by(CheckpointRow.step.desc())
         .limit(1)
     ).first()

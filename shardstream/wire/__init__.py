@@ -36,8 +36,11 @@ from ._fields import MAX_INT, NAME_PATTERN, check_name, check_shard_key
 from ._json import FieldLimits, check_json_document, field_limits, set_field_limits
 from ._responses import ErrorResponse, Health, Page
 from ._runs import (
+    AttemptCreate,
+    AttemptPublic,
     CheckpointCreate,
     CheckpointPublic,
+    ResumePoint,
     RunCreate,
     RunPublic,
     RunSource,
@@ -51,6 +54,8 @@ __all__ = [
     "MAX_PRESIGN_KEYS",
     "MAX_SHARDS_PER_BATCH",
     "NAME_PATTERN",
+    "AttemptCreate",
+    "AttemptPublic",
     "CheckpointCreate",
     "CheckpointPublic",
     "DatasetCreate",
@@ -61,6 +66,7 @@ __all__ = [
     "Page",
     "PresignRequest",
     "PresignResponse",
+    "ResumePoint",
     "RunCreate",
     "RunPublic",
     "RunSource",

@@ -66,13 +66,19 @@ class RunPublic(PublicModel):
     updated_at: datetime
 
 
+AttemptNumber = Annotated[int, Field(ge=1, le=2**31 - 1)]
+AttemptKey = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$")]
+
+
 class CheckpointCreate(StrictModel):
-    """A run's data position at a training step."""
+    """A run's data position at a training step; ``attempt``: the attempt committing it
+    (the number the server gave at registration; None from clients before the ledger)."""
 
     step: Count
     epoch: Count
     sample_in_epoch: Count
     plan: PlanObject = Field(default_factory=dict)
+    attempt: AttemptNumber | None = None
 
 
 class CheckpointPublic(PublicModel):
@@ -83,4 +89,52 @@ class CheckpointPublic(PublicModel):
     epoch: int
     sample_in_epoch: int
     plan: dict[str, Any]
+    created_at: datetime
+    attempt: int | None = None
+    superseded_by: int | None = None
+
+
+class ResumePoint(StrictModel):
+    """Where an attempt's data starts: a position, and the trainer's step when it knows it
+    (the step of the model checkpoint it restored)."""
+
+    step: Count | None = None
+    epoch: Count
+    sample_in_epoch: Count
+
+
+class AttemptCreate(StrictModel):
+    """Register one start of a run (every rank of the job sends the same body).
+
+    ``key`` is the same on every rank of one start of the job and differs between starts;
+    ``resume`` is None for the run's first start; ``changes`` are the plan changes the
+    resume accepted (``ReaderState.changes``).
+    """
+
+    key: AttemptKey
+    world_size: Annotated[int, Field(ge=1, le=2**31 - 1)]
+    workers: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
+    resume: ResumePoint | None = None
+    algorithm: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
+    fingerprint: Annotated[str, Field(max_length=64, pattern=r"^[0-9a-f]*$")] | None = None
+    changes: Annotated[list[PlanObject], Field(max_length=64)] = Field(default_factory=list)
+
+
+class AttemptPublic(PublicModel):
+    """One start of a run, as the ledger holds it."""
+
+    run_id: int
+    number: int
+    key: str
+    world_size: int
+    workers: int | None
+    resumed_step: int | None
+    resumed_attempt: int | None
+    start_epoch: int
+    start_sample: int
+    rolled_back_from: int | None
+    algorithm: int | None
+    fingerprint: str | None
+    changes: list[dict[str, Any]]
+    created_by: str
     created_at: datetime

@@ -209,7 +209,10 @@ def test_migration_0005_adds_the_session_table_and_keeps_tokens(
                 ),
                 {"h": "a" * 64},
             )
-        assert upgrade(engine) == ("0004_run_owner", "0005_console_sessions")
+        assert upgrade(engine, "0005_console_sessions") == (
+            "0004_run_owner",
+            "0005_console_sessions",
+        )
         with Session(engine) as session:
             assert session.get(TokenRow, 3) is not None
             session.add(

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request, Response, status
 
 from shardstream.errors import ConflictError
 from shardstream.server.api.deps import ERRORS, Cursor, Limit, Reader, RunId, SessionDep, Writer
+from shardstream.server.data import attempts as attempts_data
+from shardstream.server.data import audit as audit_data
 from shardstream.server.data import checkpoints as checkpoints_data
 from shardstream.server.data import runs as data
 from shardstream.wire import (
+    AttemptCreate,
+    AttemptPublic,
     CheckpointCreate,
     CheckpointPublic,
     Page,
@@ -103,3 +107,37 @@ def get_checkpoint(run_id: RunId, step: Step, session: SessionDep, who: Reader) 
     """The checkpoint committed at ``step``."""
     data.require_readable(session, who, run_id)
     return checkpoints_data.at_step(session, run_id, step)
+
+
+@router.post(
+    "/{run_id}/attempts",
+    status_code=status.HTTP_201_CREATED,
+    responses={200: {"model": AttemptPublic, "description": "this attempt was registered"}},
+)
+def register_attempt(
+    *, run_id: RunId, body: AttemptCreate, response: Response, session: SessionDep, who: Writer
+) -> AttemptPublic:
+    """Register one start of the run (every rank sends the same ``key``: 201 for the first,
+    200 for the others): its topology and the checkpoint it resumes. 409 when the resume
+    point is no checkpoint of the run (naming the nearest steps), when the trainer's step
+    and the loader's position disagree, or when ranks of one start disagree."""
+    attempt, created = attempts_data.register(session, run_id, body, who=who)
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return attempt
+
+
+@router.get("/{run_id}/attempts")
+def list_attempts(run_id: RunId, session: SessionDep, who: Reader) -> list[AttemptPublic]:
+    """The run's attempts (its ledger of starts), in order."""
+    data.require_readable(session, who, run_id)
+    return [attempts_data.to_public(a) for a in attempts_data.all_of(session, run_id)]
+
+
+@router.get("/{run_id}/audit")
+def audit_run(run_id: RunId, session: SessionDep, who: Reader) -> dict[str, Any]:
+    """Whether the run's effective history consumed every global batch of each epoch
+    exactly once and in the plan's order (``ok``), with the failures, the attempts,
+    rollbacks and plan changes (see docs/server.md, "The audit")."""
+    data.require_readable(session, who, run_id)
+    return audit_data.audit(session, run_id)

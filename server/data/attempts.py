@@ -1,0 +1,261 @@
+"""The consumption ledger: every start of a run (an *attempt*) and where it resumed.
+
+Every rank of a job registers the same attempt (the same ``key``): the first request
+creates it (the run row locked, so numbers are dense and a rollback is applied once), the
+others find it by its key without a lock. A request whose body differs from the stored
+attempt is refused: ranks of one start that disagree on where they resume or on the order
+(mixed-up per-rank states) must not train.
+
+A resume names the checkpoint it continues: the trainer's step when it knows it (the
+step of the model checkpoint it restored), else the data position, which must be a
+checkpoint's. A step without a checkpoint, or whose checkpoint is at another position
+than the loader's, is refused (409) with the nearest steps that exist. Resuming below the
+run's latest step is a rollback: allowed, recorded (``rolled_back_from``), and the
+checkpoints above the resumed step are marked superseded (they leave the run's history;
+the new attempt may commit those steps again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from shardstream.errors import ConflictError
+from shardstream.server.auth import Principal
+from shardstream.server.models import CheckpointRow, RunAttemptRow, RunRow, utcnow
+from shardstream.wire import AttemptCreate, AttemptPublic
+
+from . import runs as runs_data
+
+NEAREST = 3
+"""Existing steps listed on each side of a step that has no checkpoint."""
+
+MAX_ATTEMPTS = 10_000
+"""Attempts one run may have (each is one start of the job): bounds the ledger and the
+audit of a run whose job restarts in a loop."""
+
+
+def to_public(row: RunAttemptRow) -> AttemptPublic:
+    """An attempt row as the API returns it."""
+    return AttemptPublic.model_validate(row)
+
+
+def _live(run_id: int) -> Any:
+    return (CheckpointRow.run_id == run_id) & CheckpointRow.superseded_by.is_(None)
+
+
+def nearest_steps(session: Session, run_id: int, step: int) -> list[int]:
+    """Up to :data:`NEAREST` live checkpoint steps below ``step`` and as many above."""
+    below = session.scalars(
+        select(CheckpointRow.step)
+        .where(_live(run_id), CheckpointRow.step < step)
+        .order_by(CheckpointRow.step.desc())
+        .limit(NEAREST)
+    ).all()
+    above = session.scalars(
+        select(CheckpointRow.step)
+        .where(_live(run_id), CheckpointRow.step > step)
+        .order_by(CheckpointRow.step)
+        .limit(NEAREST)
+    ).all()
+    return sorted([*below, *above])
+
+
+def steps_text(steps: Sequence[int]) -> str:
+    """``"steps 100, 200 and 300"``, or that there are none."""
+    if not steps:
+        return "no checkpoints"
+    names = [str(s) for s in steps]
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return f"step{'s' if len(steps) > 1 else ''} {listed}"
+
+
+def _near(session: Session, run_id: int, step: int) -> str:
+    return f"the nearest checkpoints are at {steps_text(nearest_steps(session, run_id, step))}"
+
+
+def live_checkpoint(session: Session, run_id: int, step: int) -> CheckpointRow | None:
+    """The checkpoint at ``step`` unless a rollback abandoned it."""
+    row = session.get(CheckpointRow, (run_id, step))
+    return None if row is None or row.superseded_by is not None else row
+
+
+def _resume_checkpoint(session: Session, run: RunRow, body: AttemptCreate) -> CheckpointRow:
+    """The checkpoint ``body.resume`` continues (409 naming the nearest steps otherwise)."""
+    assert body.resume is not None
+    point = body.resume
+    where = f"epoch {point.epoch}, sample_in_epoch {point.sample_in_epoch}"
+    if point.step is not None:
+        row = live_checkpoint(session, run.id, point.step)
+        if row is None:
+            raise ConflictError(
+                f"run {run.id} has no checkpoint at step {point.step} (the trainer's step): "
+                f"{_near(session, run.id, point.step)}; restore the model from a step that "
+                "has one, or resume the loader with that step",
+                409,
+            )
+        if (row.epoch, row.sample_in_epoch) != (point.epoch, point.sample_in_epoch):
+            at = session.scalars(
+                select(CheckpointRow.step)
+                .where(
+                    _live(run.id),
+                    CheckpointRow.epoch == point.epoch,
+                    CheckpointRow.sample_in_epoch == point.sample_in_epoch,
+                )
+                .limit(1)
+            ).first()
+            whose = f" (step {at}'s position)" if at is not None else ""
+            raise ConflictError(
+                f"run {run.id}: the trainer is at step {point.step}, whose checkpoint is at "
+                f"epoch {row.epoch}, sample_in_epoch {row.sample_in_epoch}, but the loader's "
+                f"state is at {where}{whose}: the model and the data would not match; load "
+                f"the loader state of step {point.step} (resume={point.step})",
+                409,
+            )
+        return row
+    row = session.scalars(
+        select(CheckpointRow)
+        .where(
+            _live(run.id),
+            CheckpointRow.epoch == point.epoch,
+            CheckpointRow.sample_in_epoch == point.sample_in_epoch,
+        )
+        .order_by(CheckpointRow.step.desc())
+        .limit(1)
+    ).first()
+    if row is None:
+        latest = run.latest_step if run.latest_step is not None else 0
+        raise ConflictError(
+            f"run {run.id} has no checkpoint at the loader state's position ({where}): the "
+            f"run's latest checkpoints are at "
+            f"{steps_text(nearest_steps(session, run.id, latest + 1))}; resume from a state "
+            "committed to this run (resume=STEP), or start a new run",
+            409,
+        )
+    return row
+
+
+def _same(row: RunAttemptRow, body: AttemptCreate) -> dict[str, tuple[Any, Any]]:
+    """What differs between a stored attempt and another rank's registration of it."""
+    resume = body.resume
+    mine = {
+        "world_size": body.world_size,
+        "workers": body.workers,
+        "position": None if resume is None else [resume.epoch, resume.sample_in_epoch],
+        "algorithm": body.algorithm,
+        "fingerprint": body.fingerprint,
+        "changes": body.changes,
+    }
+    stored = {
+        "world_size": row.world_size,
+        "workers": row.workers,
+        "position": None if row.resumed_step is None else [row.start_epoch, row.start_sample],
+        "algorithm": row.algorithm,
+        "fingerprint": row.fingerprint,
+        "changes": row.changes,
+    }
+    return {k: (stored[k], mine[k]) for k in mine if stored[k] != mine[k]}
+
+
+def register(
+    session: Session, run_id: int, body: AttemptCreate, *, who: Principal
+) -> tuple[AttemptPublic, bool]:
+    """Register (or join) the attempt ``body.key``; returns it and whether it is new."""
+    existing = _by_key(session, run_id, body.key)
+    if existing is None:
+        run = runs_data.get(session, run_id, lock=True)
+        runs_data.require_writable(session, who, run)
+        existing = _by_key(session, run_id, body.key)  # registered meanwhile?
+    else:
+        runs_data.require_writable(session, who, runs_data.get(session, run_id))
+    if existing is not None:
+        differ = _same(existing, body)
+        if differ:
+            lines = "; ".join(
+                f"{k}: attempt has {a!r}, this rank {b!r}" for k, (a, b) in differ.items()
+            )
+            raise ConflictError(
+                f"run {run_id} attempt {existing.number} (key {body.key!r}) was registered "
+                f"with another start than this rank's: {lines}; every rank of a job must "
+                "resume from the same state (are per-rank states mixed up?)",
+                409,
+            )
+        return to_public(existing), False
+    count = session.scalar(
+        select(func.count()).select_from(RunAttemptRow).where(RunAttemptRow.run_id == run_id)
+    )
+    if (count or 0) >= MAX_ATTEMPTS:
+        raise ConflictError(
+            f"run {run_id} already has {MAX_ATTEMPTS} attempts; start a new run", 409
+        )
+    resumed: CheckpointRow | None = None
+    if body.resume is not None:
+        resumed = _resume_checkpoint(session, run, body)
+    elif run.latest_step is not None:
+        raise ConflictError(
+            f"run {run_id} already has checkpoints (the latest at step {run.latest_step}) and "
+            "this start resumes none: a trainer that restored its model must resume the "
+            f"loader at the model's step (resume=STEP; "
+            f"{_near(session, run_id, run.latest_step + 1)}); to train from the start "
+            "again, create a new run",
+            409,
+        )
+    number = (count or 0) + 1
+    rolled_back_from = None
+    if resumed is not None and run.latest_step is not None and resumed.step < run.latest_step:
+        rolled_back_from = run.latest_step
+        session.execute(
+            update(CheckpointRow)
+            .where(_live(run_id), CheckpointRow.step > resumed.step)
+            .values(superseded_by=number)
+        )
+        run.latest_step = resumed.step
+    row = RunAttemptRow(
+        run_id=run_id,
+        number=number,
+        key=body.key,
+        world_size=body.world_size,
+        workers=body.workers,
+        resumed_step=None if resumed is None else resumed.step,
+        resumed_attempt=None if resumed is None else resumed.attempt,
+        start_epoch=0 if resumed is None else resumed.epoch,
+        start_sample=0 if resumed is None else resumed.sample_in_epoch,
+        rolled_back_from=rolled_back_from,
+        algorithm=body.algorithm,
+        fingerprint=body.fingerprint,
+        changes=list(body.changes),
+        created_by=who.name[:128],
+        created_at=utcnow(),
+    )
+    session.add(row)
+    run.updated_at = row.created_at
+    session.flush()
+    return to_public(row), True
+
+
+def _by_key(session: Session, run_id: int, key: str) -> RunAttemptRow | None:
+    return session.scalars(
+        select(RunAttemptRow).where(RunAttemptRow.run_id == run_id, RunAttemptRow.key == key)
+    ).first()
+
+
+def get(session: Session, run_id: int, number: int) -> RunAttemptRow | None:
+    """Attempt ``number`` of the run, if registered."""
+    return session.scalars(
+        select(RunAttemptRow).where(RunAttemptRow.run_id == run_id, RunAttemptRow.number == number)
+    ).first()
+
+
+def all_of(session: Session, run_id: int) -> list[RunAttemptRow]:
+    """The run's attempts in order (at most :data:`MAX_ATTEMPTS`)."""
+    return list(
+        session.scalars(
+            select(RunAttemptRow)
+            .where(RunAttemptRow.run_id == run_id)
+            .order_by(RunAttemptRow.number)
+            .limit(MAX_ATTEMPTS)
+        )
+    )
