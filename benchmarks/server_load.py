@@ -439,6 +439,10 @@ def run_backend(backend: str, args: argparse.Namespace) -> dict[str, dict[str, f
         "SHARDSTREAM_ADMIN_TOKEN": admin_token,
         "SHARDSTREAM_LOG_LEVEL": "WARNING",
         "SHARDSTREAM_DB_POOL_SIZE": "16",
+        # One token stands for every simulated rank: the per-token budget would refuse
+        # most of the load (429); this measures the server's own capacity.
+        "SHARDSTREAM_TOKEN_CONCURRENCY": "0",
+        "SHARDSTREAM_TOKEN_BUSY_S": "0",
         "SHARDSTREAM_STORAGE_ROOTS": str(tmp),  # the admin registers tmp/shards in place
     }
     cmd = [sys.executable, "-m", "shardstream", "server", "--database-url", url]
