@@ -52,7 +52,10 @@ def inside(folder: str | Path, name: str | Path, what: str = "file") -> Path:
     out of the folder is refused.
     """
     path = Path(folder, name)
-    root, real = os.path.realpath(folder), os.path.realpath(path)
+    try:
+        root, real = os.path.realpath(folder), os.path.realpath(path)
+    except (ValueError, UnicodeError):  # a NUL byte, a lone surrogate: no file's name
+        raise InputError(f"{folder}: {str(name)!a} ({what}) is not a valid file name") from None
     if os.path.commonpath([root, real]) != root:
         raise InputError(
             f"{path}: this {what} resolves to {real}, outside the source folder {folder}; "

@@ -378,6 +378,16 @@ def _deep_json_value(tmp_path: Path) -> tuple[str, Path, str]:
     return "lmdb-json", tmp_path / "db", r"db key b'k2': the value is not json"
 
 
+def _hf_file_name(name: str) -> object:
+    def make(tmp_path: Path) -> tuple[str, Path, str]:
+        folder = tmp_path / "ds"
+        _hf_folder(folder)
+        _point_state_at(folder, name)
+        return "hf", folder, r"ds: .* \(file named in state\.json\) is not a valid file name"
+
+    return make
+
+
 HOSTILE = {
     "dataset_dict-not-json": _hostile_dataset_dict("{not json"),
     "dataset_dict-a-string": _hostile_dataset_dict('"x"'),
@@ -392,6 +402,8 @@ HOSTILE = {
     "litdata-count-negative": _litdata_count(-3),
     "webdataset-json-too-deep": _deep_json_member,
     "lmdb-json-too-deep": _deep_json_value,
+    "state-file-name-lone-surrogate": _hf_file_name("\ud800.arrow"),
+    "state-file-name-nul": _hf_file_name("a\0.arrow"),
 }
 
 
