@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test install install-dev lint browser
+.PHONY: demo test install install-dev lint browser torch
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -15,13 +15,21 @@ $(BIN)/python:
 # that is the layout on purpose (shardstream/ links client/, server/, shard_builder/).
 EDITABLE_QUIET := PYTHONWARNINGS='ignore:Editable installation'
 
-install: $(BIN)/python
+# PyTorch first, the build this machine can use: without an NVIDIA GPU its CPU build, not
+# the 5 GB of CUDA libraries (tools/install-torch says which, and why it takes a while).
+torch: $(BIN)/python
+	@$(BIN)/python -c 'import torch' 2>/dev/null && \
+	  echo "torch $$($(BIN)/python -c 'import torch; print(torch.__version__)') is installed" || \
+	  tools/install-torch $(BIN)/pip torch
+
+install: torch
+	@echo "Installing shardstream with its server and builder extras (a minute or so)..."
 	$(EDITABLE_QUIET) $(BIN)/pip install --quiet -e '.[server,builder]'
 
 # torch and torchvision are pinned together: mosaicml-streaming (a test dependency) imports
 # torchvision, and a torchvision wheel only imports beside the torch it was built for.
 install-dev: $(BIN)/python
-	$(BIN)/pip install --quiet 'torch==2.14.1' 'torchvision==0.29.1'
+	tools/install-torch $(BIN)/pip --quiet 'torch==2.14.1' 'torchvision==0.29.1'
 	$(EDITABLE_QUIET) $(BIN)/pip install --quiet -e '.[dev]'
 
 demo: install
