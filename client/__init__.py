@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from shardstream.client.options import (
         CacheOptions,
         DecodeOptions,
+        PackOptions,
         PlanOptions,
         ServerOptions,
         Source,
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CacheOptions",
     "DecodeOptions",
+    "PackOptions",
     "PlanOptions",
     "RandomResizedCropFlip",
     "ReaderState",
@@ -45,6 +47,7 @@ __all__ = [
 _HOMES = {
     "CacheOptions": "options",
     "DecodeOptions": "options",
+    "PackOptions": "options",
     "PlanOptions": "options",
     "RandomResizedCropFlip": "image_augment",
     "ReaderState": "state",

@@ -26,6 +26,7 @@ from shardstream.client.footprint import CacheFootprint, compute_footprint, warn
 from shardstream.client.options import (
     CacheOptions,
     DecodeOptions,
+    PackOptions,
     PlanOptions,
     ServerOptions,
     Source,
@@ -72,6 +73,8 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
     every sample inside the worker (images as ``uint8`` ``(C, H, W)`` tensors; random
     augmentations replay exactly on resume: :mod:`~shardstream.client.sample_transform`),
     then the samples are collated; ``transform`` is applied to every whole batch.
+    ``pack`` packs each batch of documents into fixed-length rows (:class:`PackOptions`;
+    docs/training.md "Packing and masks"); ``batch_size`` then counts documents.
 
     >>> ds = StreamingDataset("s3://bucket/tokens/index.json", batch_size=32)  # doctest: +SKIP
     >>> loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)  # doctest: +SKIP
@@ -95,6 +98,7 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         topology: Topology | None = None,
         transform: BatchTransform | None = None,
         sample_transform: SampleTransform | None = None,
+        pack: PackOptions | None = None,
     ) -> None:
         super().__init__()
         items = [sources] if isinstance(sources, str | Source) else list(sources)
@@ -124,6 +128,7 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             spec=columns,
             transform=transform,
             sample_transform=sample_transform,
+            pack=pack,
         )
         self._epoch = 0
         self._next = 0  # next batch this process yields (its own, when a worker)

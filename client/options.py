@@ -18,7 +18,14 @@ from typing import Literal
 from shardstream.client.image_decode import ImageDecoder
 from shardstream.errors import ConfigError
 
-__all__ = ["CacheOptions", "DecodeOptions", "PlanOptions", "ServerOptions", "Source"]
+__all__ = [
+    "CacheOptions",
+    "DecodeOptions",
+    "PackOptions",
+    "PlanOptions",
+    "ServerOptions",
+    "Source",
+]
 
 TailPolicy = Literal["drop", "pad"]
 UnverifiedBlocks = Literal["whole_shard", "verify_on_completion", "refuse"]
@@ -98,6 +105,53 @@ class PlanOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"PlanOptions.{name} must be >= 1, got {value}")
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    """Pack variable-length documents into rows of ``seq_len`` tokens at read time.
+
+    The dataset's ``column`` (default ``"tokens"``) holds one token array per document
+    (``shardstream build text --documents``); each batch of ``batch_size`` documents per
+    rank becomes rows of ``input_ids``, ``position_ids`` (restarting at 0 in every
+    document), ``doc_ids`` (a document's index in its group, -1 on padding), ``cu_seqlens``
+    (int32 boundaries of every document and padding run of the flattened rows, for varlen
+    attention) and ``loss_mask`` when the dataset has ``mask_column`` (padding 0).
+
+    Packing works on *groups* of ``group`` consecutive documents of the epoch's global
+    order (default: the per-rank batch size): each group is packed alone into ``rows``
+    rows (``None``: as many as it needs, so the batch's row count varies), with ``method``
+    ``"greedy"`` (next-fit) or ``"first_fit"``. The rows are therefore a function of the
+    global order only: a resume on any world size whose per-rank batch is a multiple of
+    ``group`` and any worker count continues with exactly the same rows. With fixed
+    ``rows``, tokens that do not fit are truncated. ``eos_id``, when given, is appended
+    to every document that does not already end with it (document builds store each
+    document with its EOS). A document longer than ``seq_len`` is cut into pieces.
+    See docs/training.md "Packing and masks" and docs/plan.md "Packing".
+    """
+
+    seq_len: int
+    pad_id: int = 0
+    eos_id: int | None = None
+    method: str = "first_fit"
+    rows: int | None = None
+    group: int | None = None
+    column: str = "tokens"
+    mask_column: str | None = "loss_mask"
+
+    def __post_init__(self) -> None:
+        if self.seq_len < 1:
+            raise ConfigError(f"PackOptions.seq_len must be >= 1, got {self.seq_len}")
+        if self.method not in ("greedy", "first_fit"):
+            raise ConfigError(
+                f"PackOptions.method must be 'greedy' or 'first_fit', got {self.method!r}"
+            )
+        for name in ("rows", "group"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"PackOptions.{name} must be >= 1 or None, got {value}")
+        if self.pad_id < 0 or (self.eos_id is not None and self.eos_id < 0):
+            raise ConfigError("PackOptions.pad_id and eos_id must be token ids (>= 0)")
 
 
 def default_cache_dir() -> Path:

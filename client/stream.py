@@ -25,7 +25,8 @@ from shardstream.client.distributed import Topology
 from shardstream.client.fetch import ShardFetcher
 from shardstream.client.memory_need import window_need_bytes
 from shardstream.client.memory_source import block_size_of
-from shardstream.client.options import CacheOptions, PlanOptions
+from shardstream.client.options import CacheOptions, PackOptions, PlanOptions
+from shardstream.client.packed import Packer
 from shardstream.client.plan import PLAN_ALGORITHM, EpochPlan, PlanConfig, SourceSpec
 from shardstream.client.plan._defaults import adopt_saved, default_shape
 from shardstream.client.plan._fingerprint import plan_fingerprint
@@ -67,6 +68,7 @@ class BatchStream:
         spec: ColumnSpec,
         transform: BatchTransform | None = None,
         sample_transform: SampleTransform | None = None,
+        pack: PackOptions | None = None,
     ) -> None:
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
@@ -77,6 +79,8 @@ class BatchStream:
         self.spec = spec
         self.transform = transform
         self.options = plan
+        self.packer = None if pack is None else Packer(pack, spec, batch_size)
+        """Read-time packing of each batch of documents (:mod:`packed`), if any."""
         self.samples = (
             None
             if sample_transform is None
@@ -146,6 +150,8 @@ class BatchStream:
             raise ResumeError(f"cannot resume with this world size: {exc}") from exc
         if config != self.config:
             self.config, self._plan = config, None
+        if self.packer is not None:
+            self.packer.adopt(state.plan.get("pack"))
         accepted = state.check_compatible(self.reader_state(0, 0), allow_changes)
         self.changes = accepted.changes
         return accepted
@@ -189,6 +195,8 @@ class BatchStream:
         params["mixture"] = [
             [src.source.weight, src.source.repeat, src.source.samples] for src in self.sources
         ]
+        if self.packer is not None:  # absent without packing: earlier states still match
+            params["pack"] = self.packer.params()
         return params
 
     def plan(self, epoch: int) -> EpochPlan:
@@ -376,6 +384,8 @@ class BatchStream:
                 columns = self.samples.apply(
                     batch, epoch=epoch, batch_number=b, ids=ids[row].tolist(), alloc=alloc
                 )
+            if self.packer is not None:
+                columns = self.packer.apply(columns, alloc)
             tensors = to_torch(columns)  # shares memory: no copy
             if self.transform is not None:
                 tensors = self.transform(tensors)
