@@ -6,10 +6,12 @@ Protocol (one pipe each way, per worker; all messages are small tuples):
   runs, start a pass; ``lent`` lists the slots whose batches the training loop still
   holds, which stay untouched until freed), ``("free", gen, slot)`` (the main process is
   done with a slot, sent with the pass current at the time), ``("stop",)``.
-* worker -> main: ``("chunk", gen, slot, items)`` with one ``(b, refs, rest, names)`` per
-  batch of the chunk, ``("end", gen)``, ``("error", gen, message)``. ``refs`` locate
-  tensors in the slot as ``(offset, dtype, shape)``; ``rest`` holds values that did not
-  fit (pickled); ``names`` is the batch's key order.
+* worker -> main: ``("chunk", gen, slot, items, counters)`` with one
+  ``(b, refs, rest, names)`` per batch of the chunk and the worker's cumulative
+  :class:`~shardstream.client.input_stats.SourceCounters` as a tuple (a dozen numbers),
+  ``("end", gen)``, ``("error", gen, message)``. ``refs`` locate tensors in the slot as
+  ``(offset, dtype, shape)``; ``rest`` holds values that did not fit (pickled); ``names``
+  is the batch's key order.
 
 ``gen`` numbers passes, so the main process drops messages of an abandoned pass. Before
 each chunk the worker takes the frees that have arrived (one ``poll`` per chunk) and then
@@ -32,6 +34,7 @@ from typing import Any
 
 import torch
 
+from shardstream.client.input_stats import ProcessCounters
 from shardstream.client.ring import BatchRing, SlotAllocator
 from shardstream.client.stream import BatchStream
 
@@ -47,15 +50,23 @@ class _AbandonedError(Exception):
 
 
 def worker_main(
-    stream: BatchStream, ring: BatchRing, chunk: int, recv: Connection, send: Connection
+    stream: BatchStream,
+    ring: BatchRing,
+    chunk: int,
+    recv: Connection,
+    send: Connection,
+    *,
+    measure: bool = True,
 ) -> None:
-    """Serve passes until told to stop (or the main process goes away)."""
+    """Serve passes until told to stop (or the main process goes away); ``measure``: count
+    the input figures (:mod:`~shardstream.client.input_stats`) and send them per chunk."""
     _detach_from_trainer_signals()
     torch.set_num_threads(1)  # the workers copy memory; the trainer owns the cores
+    counters = ProcessCounters(lambda: stream.read_stats) if measure else None
     try:
         command: tuple[Any, ...] = recv.recv()
         while command[0] == "start":
-            command = _serve(stream, ring, chunk, (recv, send), command)
+            command = _serve(stream, ring, chunk, (recv, send), command, counters=counters)
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         pass
     finally:
@@ -89,6 +100,8 @@ def _serve(
     chunk: int,
     pipes: tuple[Connection, Connection],
     start: tuple[Any, ...],
+    *,
+    counters: ProcessCounters | None,
 ) -> tuple[Any, ...]:
     """Run one pass; return the next command that is not a ``free``."""
     recv, send = pipes
@@ -106,6 +119,8 @@ def _serve(
                 free.append(cmd[2])
         slot = free.pop()
         alloc.reset(slot)
+        if counters is not None:
+            counters.ring(ring.slots - len(free), ring.slots)
         return slot
 
     chunks: Iterator[list[tuple[int, dict[str, Any]]]] = stream.chunks(
@@ -114,7 +129,11 @@ def _serve(
     try:
         while True:
             slot = take_slot()
-            built = next(chunks, None)
+            if counters is None:
+                built = next(chunks, None)
+            else:
+                with counters.building():
+                    built = next(chunks, None)
             if built is None:
                 break
             items = []
@@ -128,7 +147,8 @@ def _serve(
                     else:
                         refs[name] = ref
                 items.append((b, refs, rest, list(batch)))
-            send.send(("chunk", gen, slot, items))
+            figures = () if counters is None else counters.snapshot().astuple()
+            send.send(("chunk", gen, slot, items, figures))
         send.send(("end", gen))
     except _AbandonedError as abandon:
         return abandon.command

@@ -62,7 +62,7 @@ from shardstream.client.verify import (
 )
 from shardstream.errors import ConfigError, CorruptShardError
 
-__all__ = ["CacheStats", "Fetch", "ShardCache", "ShardLease"]
+__all__ = ["CacheStats", "Fetch", "ShardCache", "ShardLease", "live_caches"]
 
 log = logging.getLogger(__name__)
 
@@ -409,6 +409,11 @@ class ShardCache:
         with state.lock:
             for field, delta in deltas.items():
                 setattr(state.stats, field, getattr(state.stats, field) + delta)
+
+
+def live_caches() -> list[ShardCache]:
+    """The caches open in this process (each counts its own :class:`CacheStats`)."""
+    return list(_CACHES)
 
 
 def _reset_after_fork() -> None:

@@ -19,6 +19,7 @@ from ._local import LocalStore
 from ._open import open_store
 from ._options import StorageOptions
 from ._s3 import S3Store
+from ._transfer import storage_counters
 
 __all__ = [
     "HTTPStore",
@@ -29,4 +30,5 @@ __all__ = [
     "StorageOptions",
     "check_key",
     "open_store",
+    "storage_counters",
 ]

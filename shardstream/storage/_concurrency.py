@@ -40,6 +40,8 @@ class LimitStats:
     """What the limiter saw in this process (counters since it was built)."""
 
     requests: int = 0
+    bytes: int = 0
+    """Bytes received by the requests that succeeded."""
     throttled: int = 0
     """Requests answered with throttling (503/SlowDown, 429) or timed out."""
     decreases: int = 0
@@ -130,6 +132,7 @@ class AdaptiveLimit:
             if throttled:
                 self._throttled(started, retry_after_s)
             elif nbytes is not None:
+                self.stats.bytes += nbytes
                 self._succeeded(nbytes)
             self._cond.notify_all()
 

@@ -16,6 +16,14 @@ from ._options import StorageOptions
 T = TypeVar("T")
 log = logging.getLogger("shardstream.storage")
 
+_retries = [0]  # this process's retries (a list: one mutable cell, read without a lock)
+
+
+def retries_so_far() -> int:
+    """Storage requests this process retried after a transient failure (with a fork's
+    inheritance: callers count differences)."""
+    return _retries[0]
+
 
 @dataclass
 class Backoff:
@@ -46,6 +54,7 @@ class Backoff:
             self.options.backoff_max_s, self.options.backoff_base_s * 2 ** (self.failures - 1)
         )
         delay = random.uniform(0, cap)
+        _retries[0] += 1  # a lost increment between threads costs one count, never a lock
         log.debug("%s: %s; retrying in %.2fs", self.what, exc, delay)
         self.sleep(delay)
 

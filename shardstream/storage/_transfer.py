@@ -25,7 +25,7 @@ from ._base import ObjectStore, check_size, finish_download, temp_path_for
 from ._concurrency import AdaptiveLimit
 from ._keys import check_key
 from ._options import StorageOptions
-from ._retry import Backoff
+from ._retry import Backoff, retries_so_far
 
 T = TypeVar("T")
 
@@ -149,6 +149,21 @@ def shared_limit(options: StorageOptions) -> AdaptiveLimit:
                 minimum=low, maximum=options.max_connections, start=start
             )
     return limit
+
+
+def storage_counters() -> tuple[int, int, int, int]:
+    """This process's remote storage figures: (requests, bytes received, requests
+    throttled (503 SlowDown, 429) or timed out, retries), over every store's shared limit.
+    Inherited through a fork: callers count differences."""
+    pid = os.getpid()
+    with _LIMITS_LOCK:
+        stats = [limit.stats for key, limit in _LIMITS.items() if key[0] == pid]
+    return (
+        sum(s.requests for s in stats),
+        sum(s.bytes for s in stats),
+        sum(s.throttled for s in stats),
+        retries_so_far(),
+    )
 
 
 class RemoteStore(ObjectStore):

@@ -30,6 +30,7 @@ def test_exported_names_change_only_on_purpose() -> None:
         "StorageOptions",
         "check_key",
         "open_store",
+        "storage_counters",
     ]
     for name in storage.__all__:
         assert getattr(storage, name) is not None
