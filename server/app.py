@@ -21,6 +21,7 @@ from shardstream.server import handlers, migrate
 from shardstream.server.api.deps import authenticate
 from shardstream.server.api.routes import datasets, health, runs, shards, tokens, versions
 from shardstream.server.auth import TokenCache
+from shardstream.server.budget import TokenBudget, TokenBudgetGuard
 from shardstream.server.config import Settings, get_settings
 from shardstream.server.console import pages as console
 from shardstream.server.console.headers import ConsoleHeaders
@@ -129,6 +130,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Inside the guard: only an authenticated commit whose body has arrived holds reads.
     app.add_middleware(WritePriority)
     app.add_middleware(RequestGuard, limits=limits, authenticate=authenticate)
+    # Outside the guard: a token over its budget is refused before its body is read.
+    budget = TokenBudget(
+        concurrency=settings.token_concurrency,
+        busy_s=settings.token_busy_s,
+        burst_s=settings.token_burst_s,
+    )
+    app.add_middleware(TokenBudgetGuard, budget=budget)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     if settings.console:
         app.add_middleware(ConsoleHeaders)  # outermost: the guard's answers under /ui too

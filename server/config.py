@@ -86,6 +86,20 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(
         default=30.0, gt=0, le=3600, description="time a client has to send its body (408)"
     )
+    # The per-token request budget, per server process (server/budget.py; 429 beyond).
+    token_concurrency: int = Field(
+        default=64, ge=0, le=100_000, description="requests of one token in flight (0: off)"
+    )
+    token_busy_s: float = Field(
+        default=8.0,
+        ge=0,
+        le=100_000,
+        description="seconds of server time per second one token's requests may use on "
+        "average (0: off)",
+    )
+    token_burst_s: float = Field(
+        default=120.0, gt=0, le=86_400, description="server time a token may use in a burst"
+    )
     db_connect_timeout_s: int = Field(default=5, ge=1, le=600)
     db_statement_timeout_s: float = Field(
         default=30.0, gt=0, le=86_400, description="PostgreSQL statement_timeout"

@@ -12,7 +12,8 @@
 
 ``base_url`` defaults to ``SHARDSTREAM_SERVER`` and ``token`` to ``SHARDSTREAM_TOKEN``.
 Connection errors, timeouts and 502/503/504 answers are retried with jittered exponential
-backoff; every other HTTP error becomes the matching :mod:`shardstream.errors` class
+backoff, and 429 (a token over the server's per-token budget) after its ``Retry-After``;
+every other HTTP error becomes the matching :mod:`shardstream.errors` class
 (401 AuthenticationError, 403 PermissionDeniedError, 404 NotFoundError, 409 ConflictError,
 422 RequestValidationError, unreachable/5xx ServerUnavailableError) carrying the server's
 message. Responses with an ETag (published versions, their shard pages) are cached in

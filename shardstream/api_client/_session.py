@@ -1,9 +1,10 @@
 """The transport core every resource method goes through.
 
 One ``httpx.Client`` per :class:`APISession`; :meth:`APISession.request` retries connection
-errors, timeouts and 502/503/504 with jittered exponential backoff and translates every other
-error status into its :mod:`shardstream.errors` class; GET answers with an ETag are cached in
-memory and revalidated with ``If-None-Match``.
+errors, timeouts, 429 (waiting at least its ``Retry-After``: the server's per-token budget)
+and 502/503/504 with jittered exponential backoff and translates every other error status
+into its :mod:`shardstream.errors` class; GET answers with an ETag are cached in memory and
+revalidated with ``If-None-Match``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ _ERRORS: dict[int, type[APIError]] = {
     409: ConflictError,
     422: RequestValidationError,
 }
-_RETRY_STATUS = {502, 503, 504}
+_RETRY_STATUS = {429, 502, 503, 504}
+_MAX_RETRY_AFTER_S = 60.0
+"""The longest a ``Retry-After`` is honoured (a 429 from the server's per-token budget)."""
 _MAX_CACHED = 4096
 
 
@@ -92,18 +95,21 @@ class APISession:
         """Send a request with retries; raise the mapped APIError for an error status."""
         clean = {k: v for k, v in (params or {}).items() if v is not None}
         last: Exception | None = None
+        retry_after = 0.0
         for attempt in range(self._retries + 1):
             if attempt:
-                time.sleep(min(5.0, self._backoff_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1))
+                backoff = min(5.0, self._backoff_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1)
+                time.sleep(max(backoff, retry_after))
             try:
                 response = self._http.request(
                     method, path, json=json, params=clean, headers=headers
                 )
             except httpx.TransportError as exc:
-                last = exc
+                last, retry_after = exc, 0.0
                 continue
             if response.status_code in _RETRY_STATUS and attempt < self._retries:
                 last = None
+                retry_after = _retry_after(response)
                 continue
             if response.status_code in ok or response.status_code == 304:
                 return response
@@ -163,6 +169,15 @@ class APISession:
             cursor = body.get("next_cursor")
             if not cursor:
                 return
+
+
+def _retry_after(response: httpx.Response) -> float:
+    """Seconds the server asked to wait (``Retry-After`` in seconds), at most a minute."""
+    try:
+        seconds = float(response.headers.get("retry-after", "0"))
+    except ValueError:
+        return 0.0  # an HTTP date or garbage: the usual backoff
+    return min(max(seconds, 0.0), _MAX_RETRY_AFTER_S)
 
 
 def json_body(model: BaseModel) -> Any:
