@@ -6,6 +6,8 @@ Kept apart so that reading an ``index.json`` URL never needs the server or its c
 from __future__ import annotations
 
 import hashlib
+import logging
+import os
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +20,7 @@ from shardstream.client.source import ResolvedSource
 from shardstream.errors import (
     AuthenticationError,
     ConfigError,
+    ConflictError,
     NotFoundError,
     PermissionDeniedError,
     ResumeError,
@@ -37,6 +40,8 @@ __all__ = [
     "presigning_store",
     "resolve_named",
 ]
+
+log = logging.getLogger("shardstream.client")
 
 _PAGE = 10_000  # shards per index page (the server's maximum)
 
@@ -184,7 +189,12 @@ _SESSION = uuid.uuid4().hex[:16]
 
 
 def commit_checkpoint(
-    dataset: StreamingDataset, step: int, state: dict[str, Any], *, wait: bool = False
+    dataset: StreamingDataset,
+    step: int,
+    state: dict[str, Any],
+    *,
+    wait: bool = False,
+    attempt: int | None = None,
 ) -> None:
     """Store ``state`` as the run's data position at ``step`` (idempotent per step).
 
@@ -199,7 +209,12 @@ def commit_checkpoint(
     committer = committer_for(server.resolved_url(), server.resolved_token())
     plan = {**state, "world_size": dataset.topology.world_size, "session": _SESSION}
     done = committer.submit(
-        run, step=step, epoch=state["epoch"], sample_in_epoch=state["samples"], plan=plan
+        run,
+        step=step,
+        epoch=state["epoch"],
+        sample_in_epoch=state["samples"],
+        plan=plan,
+        attempt=attempt,
     )
     if wait:
         committer.flush()
@@ -218,6 +233,12 @@ def flush_commits(dataset: StreamingDataset, timeout: float | None = None) -> No
 
 def load_checkpoint(dataset: StreamingDataset, resume: str | int) -> dict[str, Any]:
     """The state committed at step ``resume`` (or the ``"latest"``) for the dataset's run."""
+    return load_checkpoint_at(dataset, resume)[1]
+
+
+def load_checkpoint_at(dataset: StreamingDataset, resume: str | int) -> tuple[int, dict[str, Any]]:
+    """``(step, state)`` of the checkpoint at step ``resume`` (or the ``"latest"``); a step
+    without a checkpoint is a :class:`ResumeError` naming the nearest steps that have one."""
     flush_commits(dataset)  # this process's own commits first: it reads what it wrote
     api, run = _run_id(dataset)
     with api:
@@ -226,7 +247,10 @@ def load_checkpoint(dataset: StreamingDataset, resume: str | int) -> dict[str, A
             if checkpoint is None:
                 raise ResumeError(f"run {run} has no checkpoint on the server yet")
         elif isinstance(resume, int) and not isinstance(resume, bool):
-            checkpoint = api.get_checkpoint(run, resume)
+            try:
+                checkpoint = api.get_checkpoint(run, resume)
+            except NotFoundError as exc:
+                raise ResumeError(f"cannot resume at step {resume}: {exc}") from None
         else:
             raise ConfigError(f"resume must be 'latest' or a step number, got {resume!r}")
     state = dict(checkpoint.plan)
@@ -239,4 +263,81 @@ def load_checkpoint(dataset: StreamingDataset, resume: str | int) -> dict[str, A
                 f"{checkpoint.sample_in_epoch} is not a whole number of global batches"
             )
         state = stream.reader_state(checkpoint.epoch, batch).to_dict()
-    return state
+    return checkpoint.step, state
+
+
+ATTEMPT_ENV = "SHARDSTREAM_ATTEMPT"
+"""Names this start of the job, the same on all its ranks (else derived, see below)."""
+
+_JOB_ENV = (
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
+    "SLURM_RESTART_COUNT",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+
+def attempt_key(world_size: int, resumed: tuple[int | None, int, int] | None) -> str:
+    """The key every rank of this start of the job registers its attempt under.
+
+    ``$SHARDSTREAM_ATTEMPT`` when set; else a digest of what all ranks of one start share
+    and a restart changes: torchrun's run id and restart count, SLURM's job, step and
+    restart count, the rendezvous address, the world size and the resume point. A single
+    process with none of those is its own job (a random key). Two starts with the same
+    rendezvous, world size and resume point and no launcher ids share one attempt: neither
+    committed in between (or the resume point would differ), so the history is the same.
+    """
+    given = os.environ.get(ATTEMPT_ENV)
+    if given:
+        return given[:64]
+    if world_size == 1 and not any(os.environ.get(name) for name in _JOB_ENV):
+        return "proc-" + uuid.uuid4().hex[:24]
+    shared = [f"{name}={os.environ.get(name, '')}" for name in _JOB_ENV]
+    shared += [f"world={world_size}", f"resume={resumed}"]
+    return "job-" + hashlib.sha256("\0".join(shared).encode()).hexdigest()[:24]
+
+
+def register_attempt(
+    dataset: StreamingDataset, resumed: tuple[int | None, int, int] | None, workers: int
+) -> int | None:
+    """Register this start of the job in the run's ledger; returns its attempt number.
+
+    ``resumed`` is ``(trainer step or None, epoch, batch)`` of the state the loader resumed
+    from (None: a start from the beginning). The server refuses (:class:`ResumeError`,
+    before the first batch) a resume point that is no checkpoint of the run, a trainer
+    step whose checkpoint is at another position, ranks of one start that disagree, and a
+    fresh start of a run that has checkpoints. A server without the ledger: None.
+    """
+    from shardstream.wire import AttemptCreate, ResumePoint
+
+    server = dataset.server or ServerOptions()
+    run = _run_of(server)
+    stream = dataset.stream
+    state = stream.reader_state(0, 0)
+    point = None
+    if resumed is not None:
+        step, epoch, batch = resumed
+        point = ResumePoint(
+            step=step, epoch=epoch, sample_in_epoch=batch * stream.config.global_batch_size
+        )
+    body = AttemptCreate(
+        key=attempt_key(dataset.topology.world_size, resumed),
+        world_size=dataset.topology.world_size,
+        workers=workers,
+        resume=point,
+        algorithm=state.algorithm,
+        fingerprint=state.fingerprint,
+        changes=[dict(c) for c in stream.changes],
+    )
+    api = committer_for(server.resolved_url(), server.resolved_token()).api
+    try:
+        return api.register_attempt(run, body).number
+    except ConflictError as exc:
+        raise ResumeError(f"run {run} refuses this start: {exc}") from None
+    except NotFoundError:
+        api.get_run(run)  # a missing run is still an error...
+        log.warning("the server at %s keeps no ledger of attempts", server.resolved_url())
+        return None  # ...but a server from before the ledger is not

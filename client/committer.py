@@ -60,6 +60,7 @@ class _Commit:
     epoch: int
     sample_in_epoch: int
     plan: dict[str, Any]
+    attempt: int | None = None
     done: Future[None] = field(default_factory=Future)
 
 
@@ -91,14 +92,21 @@ class CheckpointCommitter:
         self._thread.start()
 
     def submit(
-        self, run: int, *, step: int, epoch: int, sample_in_epoch: int, plan: Mapping[str, Any]
+        self,
+        run: int,
+        *,
+        step: int,
+        epoch: int,
+        sample_in_epoch: int,
+        plan: Mapping[str, Any],
+        attempt: int | None = None,
     ) -> Future[None]:
         """Queue a commit; returns a future that is done once it is durable (or failed).
 
         Raises the failure of an earlier commit that nobody was told about yet.
         """
         self.raise_failure()
-        commit = _Commit(run, step, epoch, sample_in_epoch, dict(plan))
+        commit = _Commit(run, step, epoch, sample_in_epoch, dict(plan), attempt)
         with self._lock:
             if self._closed:
                 raise ShardstreamError(
@@ -183,6 +191,7 @@ class CheckpointCommitter:
                     epoch=commit.epoch,
                     sample_in_epoch=commit.sample_in_epoch,
                     plan=commit.plan,
+                    attempt=commit.attempt,
                 )
                 return
             except ServerUnavailableError:

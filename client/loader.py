@@ -119,10 +119,15 @@ class ShardstreamLoader:
             local = None if num_workers else ProcessCounters(lambda: dataset.stream.read_stats)
             self._meter = InputMeter(local, log_every=log_stats_every)
             self._meter.num_workers = num_workers
+        # The run's ledger (ServerOptions(run=...)): this start's attempt number, registered
+        # before the first batch, and the (trainer step, epoch, batch) it resumed from.
+        self._attempt: int | None = None
+        self._resumed: tuple[int | None, int, int] | None = None
         if resume is not None:
-            from shardstream.client._server import load_checkpoint
+            from shardstream.client._server import load_checkpoint_at
 
-            self.load_state_dict(load_checkpoint(dataset, resume))
+            step, state = load_checkpoint_at(dataset, resume)
+            self.load_state_dict(state, step=step)
 
     # -- position -----------------------------------------------------------------------
 
@@ -153,12 +158,20 @@ class ShardstreamLoader:
         return self.dataset.stream.reader_state(epoch, batch).to_dict()
 
     def load_state_dict(
-        self, state_dict: Mapping[str, Any], *, allow_changes: Iterable[str] = ()
+        self,
+        state_dict: Mapping[str, Any],
+        *,
+        allow_changes: Iterable[str] = (),
+        step: int | None = None,
     ) -> None:
         """Continue from ``state_dict``: the next batch is the first one not consumed.
 
         Differences in what decides the order are refused unless named in
-        ``allow_changes`` (see :meth:`StreamingDataset.load_state_dict`)."""
+        ``allow_changes`` (see :meth:`StreamingDataset.load_state_dict`). With a run id,
+        ``step`` is the trainer's step (of the model checkpoint it restored): before the
+        first batch the server checks that the run's checkpoint at that step is at this
+        state's position (without ``step``, that some checkpoint is), and records this
+        start in the run's ledger (see docs/training.md)."""
         state = ReaderState.from_dict(state_dict)
         state = self.dataset.stream.accept(state, allow_changes)
         if state.worker is not None:
@@ -166,6 +179,7 @@ class ShardstreamLoader:
                 "this is one DataLoader worker's state; give the loader's own state_dict()"
             )
         self._epoch, self._consumed = state.epoch, state.batch
+        self._resumed, self._attempt = (step, state.epoch, state.batch), None
 
     def commit(self, step: int, *, wait: bool = False) -> None:
         """Store the current state on the server as the run's checkpoint at ``step``.
@@ -178,7 +192,18 @@ class ShardstreamLoader:
         """
         from shardstream.client._server import commit_checkpoint
 
-        commit_checkpoint(self.dataset, step, self.state_dict(), wait=wait)
+        attempt = self._register()
+        commit_checkpoint(self.dataset, step, self.state_dict(), wait=wait, attempt=attempt)
+
+    def _register(self) -> int | None:
+        """This start's attempt in the run's ledger (registered once, before the first
+        batch or commit); None without a run id."""
+        server = self.dataset.server
+        if self._attempt is None and server is not None and server.run is not None:
+            from shardstream.client._server import register_attempt
+
+            self._attempt = register_attempt(self.dataset, self._resumed, self.num_workers)
+        return self._attempt
 
     def stats(self) -> InputStats:
         """This rank's input figures since the loader was made: the training loop's data
@@ -201,6 +226,7 @@ class ShardstreamLoader:
     # -- iteration ------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        self._register()  # a refused resume fails here, before the first batch
         self._stop_stage()
         self._epoch, self._consumed = self._normalized()
         epoch, start = self._epoch, self._consumed

@@ -7,8 +7,11 @@ from typing import Any
 
 from shardstream.errors import NotFoundError
 from shardstream.wire import (
+    AttemptCreate,
+    AttemptPublic,
     CheckpointCreate,
     CheckpointPublic,
+    InputStatsReport,
     RunCreate,
     RunPublic,
     RunSource,
@@ -65,10 +68,19 @@ class RunsAPI(APISession):
         epoch: int,
         sample_in_epoch: int,
         plan: Mapping[str, Any] | None = None,
+        attempt: int | None = None,
+        stats: Mapping[str, Any] | None = None,
     ) -> CheckpointPublic:
-        """Commit the data position at ``step`` (same state again is a no-op; else 409)."""
+        """Commit the data position at ``step`` (same state again is a no-op; else 409),
+        as attempt ``attempt`` of the run (see :meth:`register_attempt`); ``stats``: this
+        rank's input figures since its previous commit (``InputStats.report``)."""
         body = CheckpointCreate(
-            step=step, epoch=epoch, sample_in_epoch=sample_in_epoch, plan=dict(plan or {})
+            step=step,
+            epoch=epoch,
+            sample_in_epoch=sample_in_epoch,
+            plan=dict(plan or {}),
+            attempt=attempt,
+            stats=None if stats is None else InputStatsReport.model_validate(dict(stats)),
         )
         path = f"/v1/runs/{run_id}/checkpoints"
         return self._model(CheckpointPublic, self.request("POST", path, json=json_body(body)))
@@ -90,6 +102,22 @@ class RunsAPI(APISession):
     def list_checkpoints(self, run_id: int, *, page_size: int = 100) -> Iterator[CheckpointPublic]:
         """A run's checkpoints by step."""
         return self._pages(f"/v1/runs/{run_id}/checkpoints", CheckpointPublic, limit=page_size)
+
+    def register_attempt(self, run_id: int, body: AttemptCreate) -> AttemptPublic:
+        """Register (or, from another rank of the same start, join) one start of the run;
+        ConflictError names why a resume point is refused."""
+        path = f"/v1/runs/{run_id}/attempts"
+        return self._model(AttemptPublic, self.request("POST", path, json=json_body(body)))
+
+    def list_attempts(self, run_id: int) -> list[AttemptPublic]:
+        """The run's attempts (its ledger of starts), in order."""
+        rows = self.request("GET", f"/v1/runs/{run_id}/attempts").json()
+        return [AttemptPublic.model_validate(r) for r in rows]
+
+    def audit_run(self, run_id: int) -> dict[str, Any]:
+        """The audit of the run's effective history (``ok``: proven; see docs/server.md)."""
+        report: dict[str, Any] = self.request("GET", f"/v1/runs/{run_id}/audit").json()
+        return report
 
 
 def _source(spec: RunSource | tuple[str, int] | tuple[str, int, float]) -> RunSource:

@@ -8,6 +8,7 @@ server filters every list by the token's datasets.
     shardstream datasets list
     shardstream datasets show corpus@2
     shardstream runs show 7 --json
+    shardstream runs audit 7          # exit status 1 unless the run's history is proven
     shardstream tokens create trainer --scope write --dataset corpus
 """
 
@@ -42,6 +43,13 @@ def register(subparsers: Any) -> None:
     verbs.add_parser("list", parents=[common], help="every run this token may read")
     show = verbs.add_parser("show", parents=[common], help="a run and its checkpoints")
     show.add_argument("run", type=int, metavar="RUN")
+    audit = verbs.add_parser(
+        "audit",
+        parents=[common],
+        help="prove from the run's ledger that every batch was consumed once, in order "
+        "(exit status 1 when anything does not hold)",
+    )
+    audit.add_argument("run", type=int, metavar="RUN")
     runs.set_defaults(handler=_runs)
 
     tokens = subparsers.add_parser("tokens", help="list, create and revoke API tokens (admin)")
@@ -96,6 +104,8 @@ def _runs(args: argparse.Namespace) -> int:
             rows = [_run_row(r.model_dump(mode="json")) for r in api.list_runs()]
             cols = ["id", "name", "status", "sources", "global_batch_size", "created_by"]
             return _out(args, rows, cols)
+        if args.verb == "audit":
+            return _audit(args, api.audit_run(args.run))
         run = _run_row(api.get_run(args.run).model_dump(mode="json"))
         checkpoints = [c.model_dump(mode="json") for c in api.list_checkpoints(args.run)]
         if args.json:
@@ -103,6 +113,46 @@ def _runs(args: argparse.Namespace) -> int:
         _out(args, run, ["id", "name", "status", "sources", "seed", "created_by"], single=True)
         print()
         return _out(args, checkpoints, ["step", "epoch", "sample_in_epoch", "created_at", "age"])
+
+
+def _audit(args: argparse.Namespace, report: dict[str, Any]) -> int:
+    """Print the audit (``--json``: as the server sends it); 0 only when it is proven."""
+    status = 0 if report.get("ok") else 1
+    if args.json:
+        _print_json(report)
+        return status
+    verdict = "PROVEN" if report.get("ok") else "NOT PROVEN"
+    print(
+        f"run {report['run']}: {verdict}: {report['checkpoints']} checkpoints, latest step "
+        f"{report['latest_step']}, {report['samples_per_step']} samples per step"
+    )
+    for epoch in report.get("epochs", []):
+        size = "?" if epoch["samples"] is None else epoch["samples"]
+        state = "complete" if epoch["complete"] else "in progress"
+        print(f"  epoch {epoch['epoch']}: {epoch['consumed_to']} of {size} samples, {state}")
+    print()
+    rows = [
+        {**a, "resumed_from": _resumed(a), "rolled_back": a["rolled_back_from"]}
+        for a in report.get("attempts", [])
+    ]
+    _out(args, rows, ["number", "world_size", "workers", "resumed_from", "rolled_back",
+                      "created_at"])  # fmt: skip
+    for change in report.get("plan_changes", []):
+        names = ", ".join(sorted(change.get("changed", {})))
+        print(f"plan change by attempt {change['attempt']} at epoch {change.get('epoch')}, "
+              f"batch {change.get('batch')}: {names}")  # fmt: skip
+    failures = report.get("failures", [])
+    if failures:
+        print(f"\n{report['failure_count']} failure(s):")
+        for failure in failures:
+            print(f"  - {failure}")
+    return status
+
+
+def _resumed(attempt: dict[str, Any]) -> str:
+    if attempt.get("resumed_step") is None:
+        return "start"
+    return f"step {attempt['resumed_step']} (attempt {attempt.get('resumed_attempt')})"
 
 
 def _run_row(run: dict[str, Any]) -> dict[str, Any]:
