@@ -11,7 +11,6 @@ from shardstream.wire import (
     AttemptPublic,
     CheckpointCreate,
     CheckpointPublic,
-    InputStatsReport,
     RunCreate,
     RunPublic,
     RunSource,
@@ -69,18 +68,15 @@ class RunsAPI(APISession):
         sample_in_epoch: int,
         plan: Mapping[str, Any] | None = None,
         attempt: int | None = None,
-        stats: Mapping[str, Any] | None = None,
     ) -> CheckpointPublic:
         """Commit the data position at ``step`` (same state again is a no-op; else 409),
-        as attempt ``attempt`` of the run (see :meth:`register_attempt`); ``stats``: this
-        rank's input figures since its previous commit (``InputStats.report``)."""
+        as attempt ``attempt`` of the run (see :meth:`register_attempt`)."""
         body = CheckpointCreate(
             step=step,
             epoch=epoch,
             sample_in_epoch=sample_in_epoch,
             plan=dict(plan or {}),
             attempt=attempt,
-            stats=None if stats is None else InputStatsReport.model_validate(dict(stats)),
         )
         path = f"/v1/runs/{run_id}/checkpoints"
         return self._model(CheckpointPublic, self.request("POST", path, json=json_body(body)))
