@@ -137,3 +137,21 @@ def test_elastic_check_passes_only_the_uninterrupted_epoch_read_once() -> None:
     uneven = _split(epoch, range(7, 11), 4)
     uneven[0][9], uneven[1][9] = uneven[0][9] + uneven[1][9][:1], uneven[1][9][1:]
     assert not check(uneven)  # the right samples, but a rank read another rank's share
+
+
+def test_a_server_that_cannot_start_is_one_error_line(tmp_path: Path) -> None:
+    # The server's data folder is a file: the server exits at once. The demo says so in one
+    # line, without a second traceback from stopping a process that is already gone.
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "server").write_text("not a folder")
+    run = subprocess.run(
+        [sys.executable, "-m", "shardstream", "demo", "--workdir", str(work)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode == 1
+    assert "error: the server exited with 1" in run.stderr
+    assert "Traceback" not in run.stderr and "ProcessLookupError" not in run.stderr

@@ -3,6 +3,7 @@ then the same on another number of ranks (:mod:`shardstream.demo.elastic`)."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import json
@@ -100,11 +101,14 @@ def _server(work: Path, token: str) -> Iterator[str]:
             time.sleep(0.2)
         yield url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        # A server that never started (or died) is gone already: no second error on top.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(10)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
         log.close()
 
 
