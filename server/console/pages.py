@@ -35,6 +35,7 @@ from shardstream.server.console.session import (
     set_session,
     who_label,
 )
+from shardstream.server.data import audit as audit_data
 from shardstream.server.data import datasets as datasets_data
 from shardstream.server.data import runs as runs_data
 from shardstream.server.data import tokens as tokens_data
@@ -315,6 +316,10 @@ async def runs(
     return _page(request, "runs.html", who, runs=shown, next_cursor=next_cursor)
 
 
+AUDIT_ON_PAGE = 20_000
+"""Checkpoints up to which the run page shows the audit (beyond: `shardstream runs audit`)."""
+
+
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
 async def run(request: Request, who: User, session: SessionDep, run_id: RunId) -> HTMLResponse:
     def load() -> dict[str, Any]:
@@ -335,7 +340,10 @@ async def run(request: Request, who: User, session: SessionDep, run_id: RunId) -
         )
         state = progress.progress(row, recent[-1] if recent else None, sources)
         pts = progress.points(recent, state.epoch_samples)
+        # The audit reads every checkpoint once: on the page up to AUDIT_ON_PAGE of them.
+        report = audit_data.audit(session, run_id) if (total or 0) <= AUDIT_ON_PAGE else None
         return {
+            "audit": report,
             "run": runs_data.to_public(row, [s for s, _ in sources]),
             "progress": state,
             "chart": progress.chart_svg(pts),

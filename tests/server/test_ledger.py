@@ -278,3 +278,23 @@ def test_commits_without_attempts_cannot_be_proven(api: TestClient, tmp_path: Pa
     assert not report["ok"] and "without an attempt" in report["failures"][0]
     assert api.get("/v1/runs/999/audit").status_code == 404
     assert _commit(api, run, 2, 7).status_code == 409  # an attempt never registered
+
+
+def test_the_run_page_shows_the_verdict_and_the_attempts(
+    api: TestClient, app: Any, tmp_path: Path
+) -> None:
+    from tests.server.test_console import mint, sign_in
+
+    run = _run(api, tmp_path)
+    assert _attempt(api, run, "a").status_code == 201
+    for step in range(1, 4):
+        assert _commit(api, run, step, 1).status_code == 201
+    assert _attempt(api, run, "b", world=4, step=2).status_code == 201  # a rollback
+    assert _commit(api, run, 3, 2).status_code == 201
+    client = sign_in(app, mint(api, "viewer", ["read"]))
+    page = client.get(f"/ui/runs/{run}").text
+    assert "proven</span> every global batch" in page
+    assert 'id="attempt-2"' in page and "from step 3" in page and "step 2 (attempt 1)" in page
+    assert _commit(api, run, 4, 2, at=6).status_code == 201  # two steps' data skipped
+    page = client.get(f"/ui/runs/{run}").text
+    assert "not proven</span> 1 failure" in page and "batches skipped" in page
