@@ -26,6 +26,7 @@ from shardstream.server.config import Settings, get_settings
 from shardstream.server.console import pages as console
 from shardstream.server.console.headers import ConsoleHeaders
 from shardstream.server.data import datasets as datasets_data
+from shardstream.server.data import input_stats as input_stats_data
 from shardstream.server.data import runs as runs_data
 from shardstream.server.data import versions as versions_data
 from shardstream.server.db import (
@@ -37,7 +38,7 @@ from shardstream.server.db import (
 )
 from shardstream.server.limits import BodyLimits, RequestGuard
 from shardstream.server.logs import configure_logging
-from shardstream.server.metrics import MetricsMiddleware, ServerMetrics
+from shardstream.server.metrics import RUN_METRICS_LIMIT, MetricsMiddleware, ServerMetrics
 from shardstream.server.priority import WritePriority
 from shardstream.server.published import PublishedCache
 from shardstream.server.singleflight import SingleFlight
@@ -115,6 +116,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             }
 
     metrics.add_entity_collector(entity_counts)
+
+    def run_inputs() -> list[input_stats_data.RunAggregate]:
+        with factory() as session:
+            return input_stats_data.running_aggregates(session, RUN_METRICS_LIMIT)
+
+    metrics.add_run_input_collector(run_inputs)
     app.state.metrics = metrics
     handlers.install(app)
     for module in (datasets, versions, shards, runs, tokens):

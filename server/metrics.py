@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 access_log = logging.getLogger("shardstream.server.access")
@@ -52,6 +52,11 @@ class ServerMetrics:
         """Register gauges fed by ``counts()`` -> {entity: {status: n}} at scrape time."""
         self.registry.register(_EntityCollector(counts))
 
+    def add_run_input_collector(self, runs: Callable[[], list[Any]]) -> None:
+        """Register the per-run input figures, read by ``runs()`` at scrape time (a list of
+        :class:`~shardstream.server.data.input_stats.RunAggregate`)."""
+        self.registry.register(_RunInputCollector(runs))
+
 
 class _EntityCollector:
     def __init__(self, counts: Callable[[], dict[str, dict[str, int]]]) -> None:
@@ -79,6 +84,74 @@ CLIENT_DISCONNECT = "client_disconnect"
 server error (so ``status=~"5.."`` alerts mean the server failed) and no client error."""
 
 UNMATCHED = "<unmatched>"
+
+
+RUN_METRICS_LIMIT = 100
+"""Running runs exported by ``/metrics`` at most (the most recently updated): series are
+labelled by run, never by rank, so a scrape stays bounded however large the jobs."""
+
+# (metric suffix, RunAggregate field, help) of the per-run counters.
+_RUN_COUNTERS = (
+    ("data_wait_seconds", "data_wait_s", "time the ranks' training loops waited for data"),
+    ("step_seconds", "step_s", "time the ranks' training loops spent between batches"),
+    ("storage_bytes", "storage_bytes", "bytes the ranks read from storage"),
+    ("storage_requests", "storage_requests", "requests the ranks sent to storage"),
+    ("storage_throttled", "throttled", "storage answers asking to slow down (503, 429)"),
+    ("storage_retries", "retries", "storage requests retried"),
+    ("cache_hits", "cache_hits", "node cache hits"),
+    ("cache_misses", "cache_misses", "node cache misses"),
+)
+
+
+class _RunInputCollector:
+    """Input figures of running runs, summed over their ranks, from the database."""
+
+    def __init__(self, runs: Callable[[], list[Any]]) -> None:
+        self._runs = runs
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            runs = self._runs()
+        except Exception:  # a scrape must not fail because the database blinked
+            return
+        for suffix, field, text in _RUN_COUNTERS:
+            counter = CounterMetricFamily(f"shardstream_run_{suffix}", text, labels=["run"])
+            for run in runs:
+                counter.add_metric([str(run.run_id)], getattr(run, field))
+            yield counter
+        ratio = GaugeMetricFamily(
+            "shardstream_run_data_wait_ratio",
+            "data wait over data wait plus step, over the run's ranks",
+            labels=["run"],
+        )
+        reporting = GaugeMetricFamily(
+            "shardstream_run_ranks_reporting", "ranks that sent input figures", labels=["run"]
+        )
+        expected = GaugeMetricFamily(
+            "shardstream_run_ranks", "the run's world size, as its ranks report it", labels=["run"]
+        )
+        bound = GaugeMetricFamily(
+            "shardstream_run_ranks_input_bound",
+            "ranks whose latest figures say input-bound",
+            labels=["run"],
+        )
+        verdict = GaugeMetricFamily(
+            "shardstream_run_input_verdict",
+            "1 for the run's verdict (not_input_bound, io_bound, cpu_bound, unknown)",
+            labels=["run", "verdict"],
+        )
+        for run in runs:
+            label = str(run.run_id)
+            total = run.data_wait_s + run.step_s
+            ratio.add_metric([label], run.data_wait_s / total if total > 0 else 0.0)
+            reporting.add_metric([label], run.ranks)
+            expected.add_metric([label], run.world_size)
+            bound.add_metric([label], run.input_bound_ranks)
+            verdict.add_metric([label, run.verdict], 1)
+        yield from (ratio, reporting, expected, bound, verdict)
+
+    def describe(self) -> list[Metric]:
+        return []
 
 
 class MetricsMiddleware:

@@ -237,3 +237,21 @@ class ConsoleSessionRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
     last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class RankInputStatsRow(Base):
+    """One rank's input figures for a run (is training waiting for data?), updated by each
+    of its checkpoint commits: the latest window, totals since it first reported, and the
+    wait share of its recent commits (``[step, share]`` pairs, bounded)."""
+
+    __tablename__ = "run_input_stats"
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    world_size: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(BigInteger)
+    verdict: Mapped[str] = mapped_column(String(32))
+    wait_share: Mapped[float] = mapped_column(Float)
+    latest: Mapped[dict[str, Any]] = mapped_column(JSON)
+    total: Mapped[dict[str, Any]] = mapped_column(JSON)
+    history: Mapped[list[Any]] = mapped_column(JSON)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

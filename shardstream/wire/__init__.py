@@ -33,6 +33,7 @@ from ._datasets import (
     VersionUpdate,
 )
 from ._fields import MAX_INT, NAME_PATTERN, check_name, check_shard_key
+from ._input_stats import InputStatsReport, RankInputStats, RunInputStats
 from ._json import FieldLimits, check_json_document, field_limits, set_field_limits
 from ._responses import ErrorResponse, Health, Page
 from ._runs import (
@@ -63,11 +64,14 @@ __all__ = [
     "ErrorResponse",
     "FieldLimits",
     "Health",
+    "InputStatsReport",
     "Page",
     "PresignRequest",
     "PresignResponse",
+    "RankInputStats",
     "ResumePoint",
     "RunCreate",
+    "RunInputStats",
     "RunPublic",
     "RunSource",
     "RunStatus",

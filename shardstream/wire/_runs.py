@@ -9,6 +9,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from ._fields import MAX_INT, Count, Name, PlanObject, PublicModel, StrictModel
+from ._input_stats import InputStatsReport
 
 
 class RunStatus(str, Enum):
@@ -79,6 +80,9 @@ class CheckpointCreate(StrictModel):
     sample_in_epoch: Count
     plan: PlanObject = Field(default_factory=dict)
     attempt: AttemptNumber | None = None
+    stats: InputStatsReport | None = None
+    """The committing rank's input figures since its previous commit (not part of the
+    checkpoint: every rank sends its own with the same step)."""
 
 
 class CheckpointPublic(PublicModel):

@@ -11,6 +11,7 @@ from shardstream.server.api.deps import ERRORS, Cursor, Limit, Reader, RunId, Se
 from shardstream.server.data import attempts as attempts_data
 from shardstream.server.data import audit as audit_data
 from shardstream.server.data import checkpoints as checkpoints_data
+from shardstream.server.data import input_stats as input_stats_data
 from shardstream.server.data import runs as data
 from shardstream.wire import (
     AttemptCreate,
@@ -19,6 +20,7 @@ from shardstream.wire import (
     CheckpointPublic,
     Page,
     RunCreate,
+    RunInputStats,
     RunPublic,
     RunUpdate,
 )
@@ -81,6 +83,8 @@ def commit_checkpoint(
         metric.labels("conflict").inc()
         raise
     metric.labels(result.value).inc()
+    if body.stats is not None:  # every rank's own figures, replays of the step included
+        input_stats_data.record(session, run_id, body.step, body.stats)
     if result is checkpoints_data.CommitResult.unchanged:
         response.status_code = status.HTTP_200_OK
     return checkpoint
@@ -141,3 +145,12 @@ def audit_run(run_id: RunId, session: SessionDep, who: Reader) -> dict[str, Any]
     rollbacks and plan changes (see docs/server.md, "The audit")."""
     data.require_readable(session, who, run_id)
     return audit_data.audit(session, run_id)
+
+
+@router.get("/{run_id}/input-stats")
+def input_stats(run_id: RunId, session: SessionDep, who: Reader) -> RunInputStats:
+    """Is the run waiting for data? Each rank's data-wait share, batch-ready latency,
+    storage and cache figures and verdict (slowest first), from its checkpoint commits,
+    and the ranks that never reported (see docs/training.md)."""
+    data.require_readable(session, who, run_id)
+    return input_stats_data.for_run(session, run_id)

@@ -1,0 +1,200 @@
+"""Input figures per run and rank (is training waiting for data?), from checkpoint commits.
+
+Each rank's commit carries its figures since its previous commit
+(:class:`~shardstream.wire.InputStatsReport`, a fixed set of numbers). One row per run and
+rank keeps the latest window, the totals, and the wait share of the last
+:data:`~shardstream.wire._input_stats.MAX_HISTORY` commits, so what the server stores is
+bounded by the number of ranks, not by the length of the run. A commit retried at a step
+the row already has is not counted twice.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from shardstream.server.models import RankInputStatsRow, RunRow, utcnow
+from shardstream.wire import InputStatsReport, RankInputStats, RunInputStats
+from shardstream.wire._input_stats import MAX_HISTORY, MAX_MISSING_LISTED
+
+from . import runs as runs_data
+
+INPUT_BOUND = ("io_bound", "cpu_bound")
+
+# Fields a window adds to the totals (the rest describe the latest window only).
+_SUMMED = (
+    "batches",
+    "data_wait_s",
+    "step_s",
+    "first_batch_s",
+    "storage_requests",
+    "storage_bytes",
+    "throttled",
+    "retries",
+    "peer_bytes",
+    "cache_hits",
+    "cache_misses",
+    "build_s",
+    "build_cpu_s",
+)
+
+
+def share(report: dict[str, Any]) -> float:
+    """Data wait over data wait plus step (0.0 before any batch)."""
+    total = float(report["data_wait_s"]) + float(report["step_s"])
+    return float(report["data_wait_s"]) / total if total > 0 else 0.0
+
+
+def record(session: Session, run_id: int, step: int, report: InputStatsReport) -> None:
+    """Add a rank's window (sent with its commit at ``step``) to the run's figures."""
+    latest = report.model_dump(mode="json")
+    row = session.get(RankInputStatsRow, (run_id, report.rank))
+    if row is None:
+        session.add(
+            RankInputStatsRow(
+                run_id=run_id,
+                rank=report.rank,
+                world_size=report.world_size,
+                step=step,
+                verdict=report.verdict,
+                wait_share=share(latest),
+                latest=latest,
+                total=latest,
+                history=[[step, round(share(latest), 4)]],
+                updated_at=utcnow(),
+            )
+        )
+        return
+    if step <= row.step:
+        return  # a retried or replayed commit: this window is counted already
+    total = dict(row.total)
+    for name in _SUMMED:
+        total[name] = total.get(name, 0) + latest[name]
+    counts = total.get("latency_counts") or [0] * len(report.latency_counts)
+    total["latency_counts"] = [a + b for a, b in zip(counts, report.latency_counts, strict=True)]
+    for name in ("world_size", "ring_occupancy", "workers", "verdict"):
+        total[name] = latest[name]
+    row.world_size, row.step, row.verdict = report.world_size, step, report.verdict
+    row.wait_share, row.latest, row.total = share(latest), latest, total
+    row.history = [*row.history, [step, round(share(latest), 4)]][-MAX_HISTORY:]
+    row.updated_at = utcnow()
+
+
+def _public(row: RankInputStatsRow) -> RankInputStats:
+    return RankInputStats(
+        rank=row.rank,
+        world_size=row.world_size,
+        step=row.step,
+        verdict=row.verdict,
+        wait_share=row.wait_share,
+        latest=InputStatsReport.model_validate(row.latest),
+        total=InputStatsReport.model_validate(row.total),
+        history=[(int(s), float(v)) for s, v in row.history],
+        updated_at=row.updated_at,
+    )
+
+
+def run_verdict(verdicts: list[str]) -> str:
+    """A run's verdict from its ranks': input-bound if any rank is (the more common cause
+    among those ranks), else not input-bound once any rank knows, else unknown."""
+    bound = Counter(v for v in verdicts if v in INPUT_BOUND)
+    if bound:
+        return bound.most_common(1)[0][0]
+    return "not_input_bound" if "not_input_bound" in verdicts else "unknown"
+
+
+def for_run(session: Session, run_id: int) -> RunInputStats:
+    """A run's figures: its ranks slowest first, and the ranks that never reported."""
+    runs_data.get(session, run_id)
+    rows = session.scalars(
+        select(RankInputStatsRow)
+        .where(RankInputStatsRow.run_id == run_id)
+        .order_by(RankInputStatsRow.wait_share.desc(), RankInputStatsRow.rank)
+    ).all()
+    world = max((r.world_size for r in rows), default=None)
+    present = {r.rank for r in rows}
+    missing_count = 0 if world is None else world - len(present & set(range(world)))
+    missing: list[int] = []
+    if world is not None:
+        for rank in range(world):
+            if len(missing) >= MAX_MISSING_LISTED:
+                break
+            if rank not in present:
+                missing.append(rank)
+    wait = sum(float(r.total["data_wait_s"]) for r in rows)
+    step = sum(float(r.total["step_s"]) for r in rows)
+    return RunInputStats(
+        run_id=run_id,
+        world_size=world,
+        verdict=run_verdict([r.verdict for r in rows]),
+        wait_share=wait / (wait + step) if rows and wait + step > 0 else None,
+        ranks=[_public(r) for r in rows],
+        missing=missing,
+        missing_count=missing_count,
+    )
+
+
+@dataclass(frozen=True)
+class RunAggregate:
+    """One running run's figures summed over its ranks (for ``/metrics``)."""
+
+    run_id: int
+    ranks: int
+    world_size: int
+    input_bound_ranks: int
+    data_wait_s: float
+    step_s: float
+    storage_bytes: int
+    storage_requests: int
+    throttled: int
+    retries: int
+    cache_hits: int
+    cache_misses: int
+    verdict: str
+
+
+def running_aggregates(session: Session, limit: int) -> list[RunAggregate]:
+    """Per running run (at most ``limit``, the most recently updated), its ranks' totals:
+    ``/metrics`` labels by run only, so its series stay bounded."""
+    runs = session.scalars(
+        select(RunRow.id)
+        .where(RunRow.status == "running")
+        .order_by(RunRow.updated_at.desc())
+        .limit(limit)
+    ).all()
+    if not runs:
+        return []
+    rows = session.scalars(
+        select(RankInputStatsRow).where(RankInputStatsRow.run_id.in_(runs))
+    ).all()
+    by_run: dict[int, list[RankInputStatsRow]] = {}
+    for row in rows:
+        by_run.setdefault(row.run_id, []).append(row)
+    out = []
+    for run_id, ranks in sorted(by_run.items()):
+
+        def total(name: str, ranks: list[RankInputStatsRow] = ranks) -> Any:
+            return sum(r.total.get(name, 0) for r in ranks)
+
+        out.append(
+            RunAggregate(
+                run_id=run_id,
+                ranks=len(ranks),
+                world_size=max(r.world_size for r in ranks),
+                input_bound_ranks=sum(r.verdict in INPUT_BOUND for r in ranks),
+                data_wait_s=float(total("data_wait_s")),
+                step_s=float(total("step_s")),
+                storage_bytes=int(total("storage_bytes")),
+                storage_requests=int(total("storage_requests")),
+                throttled=int(total("throttled")),
+                retries=int(total("retries")),
+                cache_hits=int(total("cache_hits")),
+                cache_misses=int(total("cache_misses")),
+                verdict=run_verdict([r.verdict for r in ranks]),
+            )
+        )
+    return out

@@ -1,0 +1,87 @@
+"""A rank's input figures, sent with its checkpoint commits (is training waiting for data?).
+
+A fixed set of numbers (a few hundred bytes as JSON), so a commit stays small whatever the
+job: the client's :mod:`shardstream.client.input_stats` measures them since the rank's
+previous commit; the server keeps each rank's latest and their totals per run.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from ._fields import MAX_INT, Count, PublicModel, StrictModel
+
+LATENCY_BUCKETS = 10
+"""Buckets of the batch-ready latency histogram (the client's LATENCY_BUCKETS_S and an
+open last one)."""
+MAX_WORLD_SIZE = 1 << 20
+
+Seconds = Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)]
+VerdictName = Literal["unknown", "not_input_bound", "io_bound", "cpu_bound"]
+
+
+class InputStatsReport(StrictModel):
+    """One rank's input figures over the window since its previous commit."""
+
+    rank: Annotated[int, Field(ge=0, lt=MAX_WORLD_SIZE)]
+    world_size: Annotated[int, Field(ge=1, le=MAX_WORLD_SIZE)]
+    batches: Count
+    data_wait_s: Seconds
+    step_s: Seconds
+    first_batch_s: Seconds = 0.0
+    latency_counts: Annotated[
+        list[Annotated[int, Field(ge=0, le=MAX_INT)]],
+        Field(min_length=LATENCY_BUCKETS, max_length=LATENCY_BUCKETS),
+    ]
+    storage_requests: Count = 0
+    storage_bytes: Count = 0
+    throttled: Count = 0
+    retries: Count = 0
+    peer_bytes: Count = 0
+    cache_hits: Count = 0
+    cache_misses: Count = 0
+    build_s: Seconds = 0.0
+    build_cpu_s: Seconds = 0.0
+    ring_occupancy: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
+    workers: Annotated[int, Field(ge=0, le=4096)] = 0
+    verdict: VerdictName = "unknown"
+
+
+MAX_HISTORY = 32
+"""Commits whose wait share the server keeps per rank (the newest)."""
+MAX_MISSING_LISTED = 1000
+
+
+class RankInputStats(PublicModel):
+    """What the server keeps of one rank of a run: its latest window, its totals since
+    it first reported, and the wait share of its recent commits (oldest first, ``[step,
+    share]`` pairs, at most :data:`MAX_HISTORY`)."""
+
+    rank: int
+    world_size: int
+    step: int
+    verdict: str
+    wait_share: float
+    latest: InputStatsReport
+    total: InputStatsReport
+    history: list[tuple[int, float]]
+    updated_at: datetime
+
+
+class RunInputStats(PublicModel):
+    """A run's input figures: every rank that reported (slowest first: highest wait
+    share), the run's verdict (the most common among input-bound ranks, if at least one
+    rank is input-bound) and the ranks that never reported (below the largest world size
+    reported; at most :data:`MAX_MISSING_LISTED` listed, ``missing_count`` all of them)."""
+
+    run_id: int
+    world_size: int | None
+    verdict: str
+    wait_share: float | None
+    """Data wait over data wait plus step, summed over the ranks' totals."""
+    ranks: list[RankInputStats]
+    missing: list[int]
+    missing_count: int

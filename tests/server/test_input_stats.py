@@ -1,0 +1,134 @@
+"""Input figures sent with checkpoint commits: kept per run and rank, bounded, exported.
+
+Every rank commits the same step with its own figures; the server keeps each rank's
+latest window, totals and recent wait shares, names the ranks that never reported, and
+exports per-run aggregates (no per-rank series) on ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from shardstream.server.config import Settings
+from tests.server.test_runs import _run
+
+
+def report(rank: int, world: int, wait: float, step: float, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "rank": rank,
+        "world_size": world,
+        "batches": 100,
+        "data_wait_s": wait,
+        "step_s": step,
+        "latency_counts": [90, 5, 5, 0, 0, 0, 0, 0, 0, 0],
+        "storage_requests": 10,
+        "storage_bytes": 1 << 20,
+        "cache_hits": 3,
+        "cache_misses": 1,
+        "verdict": "io_bound" if wait / (wait + step) >= 0.1 else "not_input_bound",
+    }
+    body.update(extra)
+    return body
+
+
+def commit(api: TestClient, run: int, step: int, stats: dict[str, Any]) -> Any:
+    body = {"step": step, "epoch": 0, "sample_in_epoch": step * 256, "stats": stats}
+    return api.post(f"/v1/runs/{run}/checkpoints", json=body)
+
+
+def test_each_rank_is_kept_and_a_silent_rank_is_named(api: TestClient, tmp_path: Path) -> None:
+    run = _run(api, tmp_path)["id"]
+    assert api.get(f"/v1/runs/{run}/input-stats").json()["verdict"] == "unknown"
+    assert commit(api, run, 10, report(0, 4, 1.0, 9.0)).status_code == 201
+    for rank, wait in ((1, 6.0), (2, 0.2)):  # the same step again: a replay, still counted
+        assert commit(api, run, 10, report(rank, 4, wait, 4.0)).status_code == 200
+    got = api.get(f"/v1/runs/{run}/input-stats").json()
+    assert [r["rank"] for r in got["ranks"]] == [1, 0, 2]  # slowest first
+    assert got["missing"] == [3] and got["missing_count"] == 1
+    assert got["world_size"] == 4
+    assert got["verdict"] == "io_bound"  # rank 1 waits 60 % of its time
+    assert round(got["wait_share"], 4) == round(7.2 / (7.2 + 17.0), 4)
+    # The rank's next commit adds to its totals; a retry of it is not counted twice.
+    assert commit(api, run, 20, report(0, 4, 3.0, 7.0)).status_code == 201
+    assert commit(api, run, 20, report(0, 4, 3.0, 7.0)).status_code == 200
+    rank0 = next(
+        r for r in api.get(f"/v1/runs/{run}/input-stats").json()["ranks"] if r["rank"] == 0
+    )
+    assert rank0["total"]["data_wait_s"] == 4.0 and rank0["total"]["batches"] == 200
+    assert rank0["total"]["latency_counts"][0] == 180
+    assert rank0["latest"]["data_wait_s"] == 3.0
+    assert rank0["history"] == [[10, 0.1], [20, 0.3]]
+    assert rank0["step"] == 20
+
+
+def test_a_commit_without_stats_still_works(api: TestClient, tmp_path: Path) -> None:
+    run = _run(api, tmp_path)["id"]
+    body = {"step": 1, "epoch": 0, "sample_in_epoch": 256}
+    assert api.post(f"/v1/runs/{run}/checkpoints", json=body).status_code == 201
+    got = api.get(f"/v1/runs/{run}/input-stats").json()
+    assert got["ranks"] == [] and got["world_size"] is None and got["missing_count"] == 0
+
+
+def test_bad_stats_are_422_naming_the_field_and_nothing_is_stored(
+    api: TestClient, tmp_path: Path
+) -> None:
+    run = _run(api, tmp_path)["id"]
+    for bad, field in (
+        ({"latency_counts": [1] * 11}, "latency_counts"),
+        ({"verdict": "fast"}, "verdict"),
+        ({"extra": 1}, "extra"),
+        ({"storage_bytes": -1}, "storage_bytes"),
+        ({"world_size": 1 << 30}, "world_size"),
+    ):
+        r = commit(api, run, 5, report(0, 4, 1.0, 1.0, **bad))
+        assert r.status_code == 422, (bad, r.text)
+        assert field in r.json()["detail"], r.text
+    assert api.get(f"/v1/runs/{run}/checkpoints").json()["items"] == []
+    assert api.get(f"/v1/runs/{run}/input-stats").json()["ranks"] == []
+
+
+def test_a_commit_with_stats_stays_far_within_the_body_limit(
+    api: TestClient, tmp_path: Path, settings: Settings
+) -> None:
+    run = _run(api, tmp_path)["id"]
+    largest = report(
+        (1 << 20) - 1,
+        1 << 20,
+        1e12,
+        1e12,
+        **{name: 2**62 for name in ("storage_requests", "storage_bytes", "throttled")},
+        **{name: 2**62 for name in ("retries", "peer_bytes", "cache_hits", "cache_misses")},
+        latency_counts=[2**62] * 10,
+        first_batch_s=1e12,
+        build_s=1e12,
+        build_cpu_s=1e12,
+        ring_occupancy=0.123456,
+        workers=4096,
+    )
+    body = {"step": 1, "epoch": 0, "sample_in_epoch": 256, "stats": largest}
+    size = len(json.dumps(body))
+    assert size < 2048 < settings.max_body_bytes, size
+    assert commit(api, run, 1, largest).status_code == 201
+
+
+def test_metrics_export_per_run_aggregates_without_ranks(api: TestClient, tmp_path: Path) -> None:
+    run = _run(api, tmp_path)["id"]
+    commit(api, run, 10, report(0, 2, 3.0, 1.0))
+    commit(api, run, 10, report(1, 2, 1.0, 3.0))
+    text = api.get("/metrics").text
+    lines = [line for line in text.splitlines() if line.startswith("shardstream_run_")]
+    assert f'shardstream_run_data_wait_seconds_total{{run="{run}"}} 4.0' in lines
+    assert f'shardstream_run_data_wait_ratio{{run="{run}"}} 0.5' in lines
+    assert f'shardstream_run_ranks_reporting{{run="{run}"}} 2.0' in lines
+    assert f'shardstream_run_ranks_input_bound{{run="{run}"}} 2.0' in lines
+    assert f'shardstream_run_input_verdict{{run="{run}",verdict="io_bound"}} 1.0' in lines
+    values = dict(line.rsplit(" ", 1) for line in lines)
+    assert float(values[f'shardstream_run_storage_bytes_total{{run="{run}"}}']) == 2 << 20
+    assert not [line for line in lines if "rank=" in line]
+    # A run that is no longer running leaves the export.
+    api.patch(f"/v1/runs/{run}", json={"status": "completed"})
+    assert "shardstream_run_data_wait_ratio{" not in api.get("/metrics").text
