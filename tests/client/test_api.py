@@ -10,6 +10,7 @@ import shardstream.client as client
 EXPORTED = [
     "CacheOptions",
     "DecodeOptions",
+    "PackOptions",
     "PlanOptions",
     "RandomResizedCropFlip",
     "ReaderState",
