@@ -8,10 +8,14 @@ The journal lives in the output beside the shards, under ``.shardstream-build/``
   the input stream stood after it (``resume``). One object per shard keeps every update
   O(1) on S3, where objects cannot be appended to.
 
-Shards are always finished in order, so the journal is a prefix of the shard list; on
-resume each entry is checked against the stored shard (size, and hash where the shard is
-local) and the build continues after the longest prefix that checks out. The index is
-written last and the journal is deleted after it, so a partial build never looks complete.
+A local build finishes shards in order, so its journal is a prefix of the shard list. On a
+Ray cluster each worker records the shard it writes itself (:func:`record_done`, before the
+shard appears under its name), so shards finish and are recorded in any order. On resume each
+entry is checked against the stored shard (size, and hash where the shard is local) and the
+build continues after the longest prefix that checks out; entries past a gap that check out
+too are kept (:meth:`BuildJournal.reusable`), and the build takes those shards as they are
+instead of writing them again. The index is written last and the journal is deleted after
+it, so a partial build never looks complete.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 from shardstream.errors import ConfigError, ObjectNotFoundError, ShardstreamError
 from shardstream.mds import ShardInfo
 from shardstream.shard_builder.sink import ShardSink
+from shardstream.storage import ObjectStore
 from shardstream.storage._keys import spread_key
 
 log = logging.getLogger(__name__)
@@ -53,6 +58,8 @@ class BuildJournal:
     def __init__(self, sink: ShardSink, build_fingerprint: str) -> None:
         self._sink = sink
         self._fp = build_fingerprint
+        self._later: dict[int, DoneShard] = {}  # verified entries past the prefix
+        self.reused_later = 0  # of them, the shards a producer took as they are
 
     def start(self) -> list[DoneShard]:
         """Open the journal: the verified finished shards of an earlier run (maybe none).
@@ -90,9 +97,32 @@ class BuildJournal:
             if entry is None or not self._sink.verify(entry.info):
                 break
             done.append(entry)
-        if done:
-            log.info("resuming: reusing %d finished shards in %s", len(done), store.url())
+        # Past the first gap (shards a killed cluster build finished out of order): kept
+        # where the shard checks out, offered to the producer by position.
+        self._later = {}
+        for key, entry in entries.items():
+            at = _position(key)
+            if at is not None and at > len(done) and self._sink.verify(entry.info):
+                self._later[at] = entry
+        self.reused_later = 0
+        if done or self._later:
+            log.info(
+                "resuming: reusing %d finished shards in %s (and %d more further on)",
+                len(done),
+                store.url(),
+                len(self._later),
+            )
         return done
+
+    def reusable(self, position: int, resume: dict[str, Any]) -> ShardInfo | None:
+        """Shard ``position`` as a killed run stored it, if its journal entry checked out and
+        says the stream stood at ``resume`` after it (the same shard): the producer takes
+        it instead of writing it again."""
+        entry = self._later.pop(position, None)
+        if entry is None or entry.resume != resume:
+            return None
+        self.reused_later += 1
+        return entry.info
 
     def _keys(self, prefix: str) -> list[str]:
         # Listed by the folder name without its trailing "/" (then filtered): S3Store.list
@@ -102,9 +132,7 @@ class BuildJournal:
 
     def record(self, position: int, info: ShardInfo, resume: dict[str, Any]) -> None:
         """Mark shard ``position`` finished (after its bytes are stored)."""
-        obj = {"info": info.to_dict(), "resume": resume}
-        key = f"{_DONE_PREFIX}{shard_basename(position)}.json"
-        self._sink.store.write_bytes(key, json.dumps(obj, sort_keys=True).encode())
+        record_done(self._sink.store, position, info, resume)
 
     def clear(self) -> None:
         """Delete the journal (after the index is written)."""
@@ -113,6 +141,21 @@ class BuildJournal:
         for key in sorted(keys, key=lambda k: k == _BUILD_KEY):  # build.json last
             store.delete(key)
         self._sink.remove_local_dir(JOURNAL_DIR)  # and temp files a killed run left there
+
+
+def record_done(store: ObjectStore, position: int, info: ShardInfo, resume: dict[str, Any]) -> None:
+    """Write the journal entry of shard ``position`` into the output ``store`` (one small
+    object, written whole): its index entry and where the input stood after it."""
+    obj = {"info": info.to_dict(), "resume": resume}
+    key = f"{_DONE_PREFIX}{shard_basename(position)}.json"
+    store.write_bytes(key, json.dumps(obj, sort_keys=True).encode())
+
+
+def _position(key: str) -> int | None:
+    """The shard position of a journal entry's key (``.../shard.00012.mds.json``: 12)."""
+    name = key.removeprefix(_DONE_PREFIX)
+    number = name.removeprefix("shard.").removesuffix(".mds.json")
+    return int(number) if number.isdigit() and name == f"shard.{number}.mds.json" else None
 
 
 def shard_basename(position: int) -> str:

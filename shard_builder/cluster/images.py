@@ -3,22 +3,22 @@
 As for text (see :mod:`.text`): actors check chunks of images and keep the encoded
 samples in their node's object store; the driver gets each chunk's sample sizes and bad
 images, in chunk order, packs them with the local builder's :class:`GreedyCut`, and has
-the actor holding most of a shard's samples write and upload it. The journal records
-shards in order, so a killed build resumes after its last stored shard.
+the actor holding most of a shard's samples write and upload it. The worker journals each
+shard before putting it in place, so a killed build resumes after its last stored shard
+of the unbroken run and takes the later shards it finds recorded as they are.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
 
+from shardstream.mds import ShardInfo
 from shardstream.shard_builder.cluster.connect import RayOptions, ray_session
 from shardstream.shard_builder.cluster.dataset import image_source, is_url, url_inputs
-from shardstream.shard_builder.cluster.journaling import RecordWriter
 from shardstream.shard_builder.cluster.pool import WorkerPool, build_on_pool
-from shardstream.shard_builder.cluster.worker import ImageCount
+from shardstream.shard_builder.cluster.worker import ImageCount, SampleShard
 from shardstream.shard_builder.config import ImageBuildConfig
 from shardstream.shard_builder.image_source import PARQUET_SUFFIXES
 from shardstream.shard_builder.images import (
@@ -78,8 +78,8 @@ def _drive(job: ImageJob, pool: WorkerPool) -> None:
 @dataclass
 class _Write:
     position: int
-    ref: Any
-    state: dict[str, Any]
+    ref: Any  # the worker's ShardInfo, or None: a shard a killed run stored (``info``)
+    info: ShardInfo | None = None
 
 
 class _Run:
@@ -94,18 +94,8 @@ class _Run:
         self.samples: dict[int, tuple[Any, int]] = {}  # checked tasks a shard still needs
         self.ranges: list[tuple[int, int, int]] = []  # the open shard: (task, start, end)
         self.writes: deque[_Write] = deque()
-        self.records = RecordWriter(job.journal)
 
     def run(self) -> None:
-        try:
-            self._run()
-        except BaseException:
-            with contextlib.suppress(Exception):  # the build's own error is the one to see
-                self.records.close()
-            raise
-        self.records.close()
-
-    def _run(self) -> None:
         tasks = self.job.tasks
         next_submit = next_count = 0
         while next_count < len(tasks):
@@ -117,10 +107,10 @@ class _Run:
                 self.checking[next_submit] = (sizes, samples, actor)
                 next_submit += 1
             if len(self.writes) >= self.window:
-                self._record_stored(self.pool.wait_any([self.writes[0].ref]))
+                self._wait_head()
                 continue
             sizes_ref = self.checking[next_count][0]
-            heads = [sizes_ref] + ([self.writes[0].ref] if self.writes else [])
+            heads = [sizes_ref] + [w.ref for w in list(self.writes)[:1] if w.ref is not None]
             ready = self.pool.wait_any(heads)
             self._record_stored(ready)
             if sizes_ref in ready:
@@ -128,7 +118,7 @@ class _Run:
                 next_count += 1
         self._close(self.job.end_item, final=True)
         while self.writes:
-            self._record_stored(self.pool.wait_any([self.writes[0].ref]))
+            self._wait_head()
 
     def _count(self, task: int) -> None:
         sizes_ref, samples_ref, actor = self.checking.pop(task)
@@ -159,29 +149,39 @@ class _Run:
         if not self.ranges:
             return
         position = len(self.job.shards) + len(self.writes)
+        state = shard_state(self.job.skipped, next_item, final=final)
+        if (stored := self.job.journal.reusable(position, state)) is not None:
+            self.writes.append(_Write(position, None, stored))  # a killed run stored it
+            self.ranges = []
+            return
         held: dict[int, int] = {}
         for task, start, end in self.ranges:
             owner = self.samples[task][1]
             held[owner] = held.get(owner, 0) + end - start
+        ranges = tuple((start, end) for _, start, end in self.ranges)
         ref = self.pool.submit(
             max(held, key=held.__getitem__),
             "write_samples",
-            position,
-            tuple((start, end) for _, start, end in self.ranges),
-            self.job.columns,
+            SampleShard(position, ranges, self.job.columns, state),
             *(self.samples[task][0] for task, _, _ in self.ranges),
         )
-        state = shard_state(self.job.skipped, next_item, final=final)
-        self.writes.append(_Write(position, ref, state))
+        self.writes.append(_Write(position, ref))
         self.ranges = []
 
+    def _wait_head(self) -> None:
+        """Wait for the shard at the head of the queue, then take what is stored."""
+        head = self.writes[0].ref
+        self._record_stored(set() if head is None else self.pool.wait_any([head]))
+
     def _record_stored(self, ready: set[Any]) -> None:
+        """Take the stored (and journaled) shards at the head of the queue, in shard order."""
         while self.writes and (
-            self.writes[0].ref in ready or self.pool.wait_any([self.writes[0].ref], timeout=0)
+            self.writes[0].ref is None
+            or self.writes[0].ref in ready
+            or self.pool.wait_any([self.writes[0].ref], timeout=0)
         ):
             write = self.writes.popleft()
-            info = self.pool.get(write.ref)
-            assert write.position == len(self.job.shards)
+            info = write.info if write.ref is None else self.pool.get(write.ref)
+            assert info is not None and write.position == len(self.job.shards)
             self.job.shards.append(info)
-            self.records.record(write.position, info, write.state)
             self.job.progress.count(shards=1, MB_written=info.stored.bytes / _MB)

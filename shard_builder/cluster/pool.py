@@ -50,8 +50,10 @@ def build_on_pool(
     pool's start-up time (``workers_start_s``)."""
     stats: list[WorkerStats] = []
     timings: dict[str, float] = {}
+    journals: list[Any] = []  # the attempt's journal: shards it took past the first gap
 
     def produce(job: J) -> T:
+        journals[:] = [getattr(job, "journal", None)]
         started = time.perf_counter()
         with worker_pool(ray, config, options) as pool:
             timings["workers_start_s"] = time.perf_counter() - started
@@ -74,7 +76,13 @@ def build_on_pool(
                 attempt + 2,
                 options.retries + 1,
             )
-    return replace(result, workers=tuple(stats), timings={**result.timings, **timings})
+    later = getattr(journals[0], "reused_later", 0) if journals else 0
+    return replace(
+        result,
+        workers=tuple(stats),
+        timings={**result.timings, **timings},
+        reused_shards=result.reused_shards + later,
+    )
 
 
 class WorkerPool:

@@ -10,18 +10,20 @@ is shared: fingerprint, journal, resume, index). Then:
    worker finished first;
 3. each shard is written and uploaded by the actor that holds most of its tokens (the rest
    come from other nodes' object stores), which returns the shard's :class:`ShardInfo`;
-4. the driver records the shards in the journal in shard order, as each is stored, so a
-   re-run after a kill (of the driver or of a node) continues after the last one.
+4. the worker records the shard in the journal before it puts the shard in place, so a
+   re-run after a kill (of the driver or of a node) continues after the last shard of the
+   unbroken run and takes every later shard it finds recorded as it is (same position,
+   same stream position after it) instead of writing it again.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from shardstream.errors import ConfigError
+from shardstream.mds import ShardInfo
 from shardstream.shard_builder.cluster.connect import RayOptions, ray_session
 from shardstream.shard_builder.cluster.dataset import (
     BlockChunk,
@@ -29,9 +31,8 @@ from shardstream.shard_builder.cluster.dataset import (
     text_source,
     text_url_source,
 )
-from shardstream.shard_builder.cluster.journaling import RecordWriter
 from shardstream.shard_builder.cluster.pool import WorkerPool, build_on_pool
-from shardstream.shard_builder.cluster.worker import BlockTask, TokenCount
+from shardstream.shard_builder.cluster.worker import BlockTask, TokenCount, TokenShard
 from shardstream.shard_builder.config import TextBuildConfig
 from shardstream.shard_builder.packing import ShardCut, StreamCutter
 from shardstream.shard_builder.result import BuildResult
@@ -99,8 +100,8 @@ def _drive(job: TextJob, pool: WorkerPool) -> TextTotals:
 @dataclass
 class _Write:
     position: int
-    ref: Any
-    resume: dict[str, Any]
+    ref: Any  # the worker's ShardInfo, or None: a shard a killed run stored (``info``)
+    info: ShardInfo | None = None
 
 
 class _Run:
@@ -115,21 +116,10 @@ class _Run:
         self.tokenizing: dict[int, tuple[Any, Any, int]] = {}  # chunk -> count, tokens, actor
         self.tokens: dict[int, tuple[Any, int]] = {}  # counted chunks a shard still needs
         self.writes: deque[_Write] = deque()
-        self.records = RecordWriter(job.journal)
         self.documents = job.documents
         self.reported = 0
 
     def run(self) -> TextTotals:
-        try:
-            totals = self._run()
-        except BaseException:
-            with contextlib.suppress(Exception):  # the build's own error is the one to see
-                self.records.close()
-            raise
-        self.records.close()
-        return totals
-
-    def _run(self) -> TextTotals:
         job, config = self.job, self.job.config
         chunks = job.chunks
         next_submit = next_count = job.start.chunk
@@ -138,10 +128,10 @@ class _Run:
                 self._tokenize(next_submit)
                 next_submit += 1
             if len(self.writes) >= self.window:  # bounds the tokens waiting in the store
-                self._record_stored(self.pool.wait_any([self.writes[0].ref]))
+                self._wait_head()
                 continue
             count_ref = self.tokenizing[next_count][0]
-            heads = [count_ref] + ([self.writes[0].ref] if self.writes else [])
+            heads = [count_ref] + [w.ref for w in list(self.writes)[:1] if w.ref is not None]
             ready = self.pool.wait_any(heads)
             self._record_stored(ready)
             if count_ref in ready:
@@ -154,7 +144,7 @@ class _Run:
         if last is not None:
             self._write(last, final_resume(job, tokens, self.documents, dropped))
         while self.writes:
-            self._record_stored(self.pool.wait_any([self.writes[0].ref]))
+            self._wait_head()
         return TextTotals(tokens, self.documents, dropped)
 
     def _tokenize(self, chunk: int) -> None:
@@ -197,6 +187,9 @@ class _Run:
 
     def _write(self, cut: ShardCut, resume: dict[str, Any]) -> None:
         position = len(self.job.shards) + len(self.writes)
+        if (stored := self.job.journal.reusable(position, resume)) is not None:
+            self.writes.append(_Write(position, None, stored))  # a killed run stored it
+            return
         chunks = tuple(dict.fromkeys(p.chunk for p in cut.pieces))
         # The actor holding the most tokens of the shard writes it: the least to move.
         sizes: dict[int, int] = {}
@@ -205,26 +198,24 @@ class _Run:
             sizes[owner] = sizes.get(owner, 0) + piece.end - piece.start
         actor = max(sizes, key=sizes.__getitem__)
         config = self.job.config
-        ref = self.pool.submit(
-            actor,
-            "write_tokens",
-            position,
-            cut.pieces,
-            chunks,
-            self.job.columns,
-            config.seq_len,
-            *(self.tokens[c][0] for c in chunks),
-        )
-        self.writes.append(_Write(position, ref, resume))
+        shard = TokenShard(position, cut.pieces, chunks, self.job.columns, config.seq_len, resume)
+        ref = self.pool.submit(actor, "write_tokens", shard, *(self.tokens[c][0] for c in chunks))
+        self.writes.append(_Write(position, ref))
+
+    def _wait_head(self) -> None:
+        """Wait for the shard at the head of the queue, then take what is stored."""
+        head = self.writes[0].ref
+        self._record_stored(set() if head is None else self.pool.wait_any([head]))
 
     def _record_stored(self, ready: set[Any]) -> None:
-        """Journal the stored shards at the head of the queue (in shard order)."""
+        """Take the stored (and journaled) shards at the head of the queue, in shard order."""
         while self.writes and (
-            self.writes[0].ref in ready or self.pool.wait_any([self.writes[0].ref], timeout=0)
+            self.writes[0].ref is None
+            or self.writes[0].ref in ready
+            or self.pool.wait_any([self.writes[0].ref], timeout=0)
         ):
             write = self.writes.popleft()
-            info = self.pool.get(write.ref)
-            assert write.position == len(self.job.shards)
+            info = write.info if write.ref is None else self.pool.get(write.ref)
+            assert info is not None and write.position == len(self.job.shards)
             self.job.shards.append(info)
-            self.records.record(write.position, info, write.resume)
             self.job.progress.count(shards=1, MB_written=info.stored.bytes / _MB)

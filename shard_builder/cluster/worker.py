@@ -4,8 +4,9 @@ An actor tokenizes (or checks images of) chunks with the local builder's own fun
 keeping the tokenizer loaded for its lifetime; the results stay in the Ray object store of
 its node and only their counts go to the driver. Asked to write a shard, it gathers that
 shard's pieces (from its own node or another), writes the file with the MDS codec and
-uploads it straight to the output (multipart, through :mod:`shardstream.storage`), and
-returns the :class:`ShardInfo`: the only thing of a shard the driver ever holds.
+uploads it straight to the output (multipart, through :mod:`shardstream.storage`) after
+writing its journal entry, and returns the :class:`ShardInfo`: the only thing of a shard
+the driver ever holds.
 
 This module does not import Ray; :mod:`.pool` turns :class:`BuildWorker` into an actor.
 """
@@ -30,13 +31,13 @@ from shardstream.mds import ShardInfo, write_shard, write_shard_arrays
 from shardstream.shard_builder.cluster.dataset import block_items
 from shardstream.shard_builder.config import OutputOptions
 from shardstream.shard_builder.images import CheckedImages, ImageTask, process_chunk
-from shardstream.shard_builder.journal import shard_key
+from shardstream.shard_builder.journal import JOURNAL_DIR, record_done, shard_key
 from shardstream.shard_builder.packing import Piece, gather
 from shardstream.shard_builder.result import WorkerStats
 from shardstream.shard_builder.sink import local_output_dir
 from shardstream.shard_builder.text import ChunkTask, tokenize_chunk
 from shardstream.shard_builder.tokenize import TokenizerSpec
-from shardstream.storage import ObjectStore, open_store
+from shardstream.storage import open_store
 
 _SHARD_MODE = 0o644
 _BATCH = 8192  # documents per encode_batch call (as the Parquet reader's batches)
@@ -70,34 +71,73 @@ class BlockTask:
     nbytes: int
 
 
+@dataclass(frozen=True)
+class TokenShard:
+    """A text shard to write: its position, its pieces of which chunks' tokens, its column,
+    and its journal entry's ``resume`` (where the stream stands after it)."""
+
+    position: int
+    pieces: tuple[Piece, ...]
+    chunks: tuple[int, ...]
+    columns: dict[str, str]
+    seq_len: int
+    resume: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SampleShard:
+    """An image shard to write: its position, the ``(start, end)`` range of each sample list
+    it takes, its columns, and its journal entry's ``state``."""
+
+    position: int
+    ranges: tuple[tuple[int, int], ...]
+    columns: dict[str, str]
+    state: dict[str, Any]
+
+
 class WorkerOutput:
-    """Where a worker puts a shard it wrote: the output folder, or the object store."""
+    """Where a worker puts a shard it wrote: the output folder, or the object store.
+
+    The codec writes each shard into a staging folder; :meth:`store` then writes the
+    shard's journal entry and only after it puts the shard under its name, so a shard that
+    a re-run finds in the output always has its entry, however far the driver got (it is
+    checked against the shard before it is reused; an entry whose shard never arrived is
+    ignored).
+    """
 
     def __init__(self, output: str) -> None:
         local = local_output_dir(output)
-        self._store: ObjectStore | None = None
-        if local is not None:  # a path every node sees (one machine, or a shared file system)
-            self.folder = local.absolute()
-            self.folder.mkdir(parents=True, exist_ok=True)
+        self._store = open_store(output)
+        self._local = local.absolute() if local is not None else None
+        if self._local is not None:  # a path every node sees (one machine, or a shared FS)
+            # Beside the shards (the same file system: a rename puts one in place), in the
+            # journal's folder, which the build deletes at its end.
+            staging = self._local / JOURNAL_DIR
+            staging.mkdir(parents=True, exist_ok=True)
+            self.folder = Path(tempfile.mkdtemp(prefix="worker-", dir=staging))
         else:
-            self._store = open_store(output)
             self.folder = Path(tempfile.mkdtemp(prefix="shardstream-ray-"))
 
-    def store(self, info: ShardInfo) -> None:
-        """The codec wrote ``info``'s file into :attr:`folder`: make it part of the output."""
-        path = self.folder / info.stored.basename
-        if self._store is None:
+    def store(self, position: int, info: ShardInfo, resume: dict[str, Any]) -> None:
+        """The codec wrote ``info``'s file into :attr:`folder`: journal it, then make it
+        part of the output."""
+        name = info.stored.basename
+        path = self.folder / name
+        record_done(self._store, position, info, resume)
+        if self._local is not None:
             path.chmod(_SHARD_MODE)  # the codec's temp files are 0600
+            final = self._local / name
+            final.parent.mkdir(parents=True, exist_ok=True)  # a spread-prefix folder
+            os.replace(path, final)
             return
         try:
-            self._store.upload(path, info.stored.basename)
+            self._store.upload(path, name)
         finally:
             path.unlink(missing_ok=True)
 
     def close(self) -> None:
-        """Remove the staging folder (object-store outputs)."""
-        if self._store is not None:
-            shutil.rmtree(self.folder, ignore_errors=True)
+        """Remove the staging folder."""
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 class BuildWorker:
@@ -160,52 +200,40 @@ class BuildWorker:
         sizes = [len(s) for s in done.samples]
         return ImageCount(done.numbers, sizes, done.bad), done.samples
 
-    def write_tokens(
-        self,
-        position: int,
-        pieces: tuple[Piece, ...],
-        chunks: tuple[int, ...],
-        columns: dict[str, str],
-        seq_len: int,
-        *arrays: npt.NDArray[Any],
-    ) -> ShardInfo:
-        """Write shard ``position`` from ``pieces`` of the chunks' token arrays, store it."""
+    def write_tokens(self, shard: TokenShard, *arrays: npt.NDArray[Any]) -> ShardInfo:
+        """Write ``shard`` from its pieces of the chunks' token arrays (``arrays``, in the
+        order of ``shard.chunks``), store it with its journal entry."""
         started = time.perf_counter()
-        block = gather(pieces, dict(zip(chunks, arrays, strict=True)))
-        (column,) = columns
+        block = gather(shard.pieces, dict(zip(shard.chunks, arrays, strict=True)))
+        (column,) = shard.columns
         opts = self._options
         info = write_shard_arrays(
             self._out.folder,
-            shard_key(position, opts.spread_prefixes),
-            columns,
-            {column: np.ascontiguousarray(block).reshape(-1, seq_len)},
+            shard_key(shard.position, opts.spread_prefixes),
+            shard.columns,
+            {column: np.ascontiguousarray(block).reshape(-1, shard.seq_len)},
             **opts.shard_format(),
         )
-        self._out.store(info)
+        self._out.store(shard.position, info, shard.resume)
         self._account(started, shards=1, written=info.stored.bytes)
         return info
 
-    def write_samples(
-        self,
-        position: int,
-        ranges: tuple[tuple[int, int], ...],
-        columns: dict[str, str],
-        *sample_lists: list[bytes],
-    ) -> ShardInfo:
-        """Write shard ``position`` from ``sample_lists[i][start:end]`` for each range, store it."""
+    def write_samples(self, shard: SampleShard, *sample_lists: list[bytes]) -> ShardInfo:
+        """Write ``shard`` from ``sample_lists[i][start:end]`` for each of its ranges, store
+        it with its journal entry."""
         started = time.perf_counter()
         samples = [
-            s for (lo, hi), got in zip(ranges, sample_lists, strict=True) for s in got[lo:hi]
+            s for (lo, hi), got in zip(shard.ranges, sample_lists, strict=True) for s in got[lo:hi]
         ]
         opts = self._options
         info = write_shard(
             self._out.folder,
-            shard_key(position, opts.spread_prefixes),
-            columns,
+            shard_key(shard.position, opts.spread_prefixes),
+            shard.columns,
             samples,
             **opts.shard_format(),
         )
-        self._out.store(info)
+        self._out.store(shard.position, info, shard.state)
         self._account(started, shards=1, written=info.stored.bytes)
         return info
 

@@ -55,6 +55,17 @@ def _journal(url: str) -> list[dict[str, object]]:
     return prefix
 
 
+def _stored_entries(url: str) -> int:
+    """Journal entries (any position) whose shard is stored whole: what a re-run reuses."""
+    store = open_store(url)
+    count = 0
+    for key, _ in store.list(".shardstream-build/done"):
+        info = json.loads(store.read_bytes(key))["info"]
+        stored = info.get("zip_data") or info["raw_data"]  # the file as stored
+        count += store.size(stored["basename"]) == stored["bytes"]
+    return count
+
+
 def _run_until(args: list[str], done: Callable[[], bool], cwd: Path) -> subprocess.Popen[bytes]:
     """Start the build; return once ``done()`` holds (the build still running)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -152,6 +163,7 @@ def test_driver_killed_then_rerun_publishes_once_reusing_finished_shards(
         proc = _run_until(args, journaled(15), tmp_path)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        ray_cluster.wait_idle()  # the job's workers are gone: the journal stays as it is
 
         # Killed: a draft, nothing published, no index in storage.
         draft = api.get_version("corpus", 1)
@@ -162,9 +174,10 @@ def test_driver_killed_then_rerun_publishes_once_reusing_finished_shards(
         journal = _journal(draft.storage_root)
         resume_chunk = journal[-1]["resume"]["stream"]["chunk"]  # type: ignore[index]
 
+        reusable = _stored_entries(draft.storage_root)
         rerun = _rerun(args, tmp_path)
         assert "published corpus version 1" in rerun.stderr  # the same draft, continued
-        assert f"{len(journal)} shards reused" in rerun.stderr
+        assert f"{reusable} shards reused" in rerun.stderr
         # Only the chunks from the one the journal stopped in are tokenized again.
         assert _tokenized_chunks(rerun.stderr) == chunks - resume_chunk < chunks
         version = api.get_version("corpus", 1)
@@ -173,6 +186,34 @@ def test_driver_killed_then_rerun_publishes_once_reusing_finished_shards(
         assert stored == _reference(tmp_path, [corpus], tokenizer_file)
         assert version.num_shards == len([k for k in stored if k.startswith("shard.")])
         api.close()
+
+
+@pytest.mark.slow
+def test_driver_killed_then_rerun_rewrites_no_finished_shard(
+    tmp_path: Path, ray_cluster: RayCluster
+) -> None:
+    # Workers finish shards out of order and ahead of the driver; each journals its shard
+    # before putting it in place. Whatever the driver had taken in when it was killed,
+    # every shard in the output is reused as it is: same file (inode), never written again.
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", make_docs(6000, seed=45, max_words=120))
+    out = tmp_path / "out"
+    args = _cli("text", str(corpus), *SMALL, "--ray", ray_cluster.address, "--output", str(out))
+    proc = _run_until(args, lambda: len(list(out.glob("shard.*.mds"))) >= 14, tmp_path)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    ray_cluster.wait_idle()  # the job's workers are gone: nothing writes into the output
+    finished = {
+        path.name: (path.stat().st_ino, path.stat().st_mtime_ns) for path in out.glob("shard.*.mds")
+    }
+    assert len(finished) >= 14 and not (out / "index.json").exists()
+
+    rerun = _rerun(args, tmp_path)
+    assert f"{len(finished)} shards reused" in rerun.stderr
+    again = {
+        name: ((out / name).stat().st_ino, (out / name).stat().st_mtime_ns) for name in finished
+    }
+    assert sorted(n for n in finished if again[n] != finished[n]) == []  # none written again
+    assert dir_bytes(out) == _reference(tmp_path, [corpus], None)
 
 
 @pytest.mark.slow
@@ -188,11 +229,12 @@ def test_worker_node_lost_fails_clearly_then_rerun_resumes(
     assert "shardstream: error: a Ray worker or its node was lost" in message
     assert "run the same command again to resume" in message
     assert "Traceback" not in message
-    journaled = len(_journal(url))
+    ray_cluster.wait_idle()
+    reusable = _stored_entries(url)
     assert open_store(url).size("index.json") is None
 
     rerun = _rerun(args, tmp_path)
-    assert f"{journaled} shards reused" in rerun.stderr
+    assert f"{reusable} shards reused" in rerun.stderr
     store = open_store(url)
     stored = {key: store.read_bytes(key) for key, _ in store.list()}
     assert stored == _reference(tmp_path, [corpus], None)
