@@ -9,6 +9,7 @@ import hashlib
 import logging
 import os
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -194,6 +195,7 @@ def commit_checkpoint(
     state: dict[str, Any],
     *,
     wait: bool = False,
+    stats: Mapping[str, Any] | None = None,
     attempt: int | None = None,
 ) -> None:
     """Store ``state`` as the run's data position at ``step`` (idempotent per step).
@@ -203,7 +205,8 @@ def commit_checkpoint(
     way, an earlier commit's failure is raised here.
 
     Beside the state go the world size and this process's session id, so the server's
-    console can mark where a run was resumed and where its number of ranks changed."""
+    console can mark where a run was resumed and where its number of ranks changed.
+    ``stats`` (the rank's input figures since its previous commit) go beside the plan."""
     server = dataset.server or ServerOptions()
     run = _run_of(server)
     committer = committer_for(server.resolved_url(), server.resolved_token())
@@ -214,6 +217,7 @@ def commit_checkpoint(
         epoch=state["epoch"],
         sample_in_epoch=state["samples"],
         plan=plan,
+        stats=stats,
         attempt=attempt,
     )
     if wait:

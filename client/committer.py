@@ -61,6 +61,7 @@ class _Commit:
     sample_in_epoch: int
     plan: dict[str, Any]
     attempt: int | None = None
+    stats: dict[str, Any] | None = None
     done: Future[None] = field(default_factory=Future)
 
 
@@ -100,13 +101,22 @@ class CheckpointCommitter:
         sample_in_epoch: int,
         plan: Mapping[str, Any],
         attempt: int | None = None,
+        stats: Mapping[str, Any] | None = None,
     ) -> Future[None]:
         """Queue a commit; returns a future that is done once it is durable (or failed).
 
         Raises the failure of an earlier commit that nobody was told about yet.
         """
         self.raise_failure()
-        commit = _Commit(run, step, epoch, sample_in_epoch, dict(plan), attempt)
+        commit = _Commit(
+            run,
+            step,
+            epoch,
+            sample_in_epoch,
+            dict(plan),
+            attempt,
+            None if stats is None else dict(stats),
+        )
         with self._lock:
             if self._closed:
                 raise ShardstreamError(
@@ -192,6 +202,7 @@ class CheckpointCommitter:
                     sample_in_epoch=commit.sample_in_epoch,
                     plan=commit.plan,
                     attempt=commit.attempt,
+                    stats=commit.stats,
                 )
                 return
             except ServerUnavailableError:

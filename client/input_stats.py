@@ -44,6 +44,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardstream.wire._input_stats import LATENCY_BUCKETS_S, percentiles
+
 __all__ = [
     "CPU_BOUND_BUSY",
     "INPUT_BOUND_SHARE",
@@ -54,6 +56,7 @@ __all__ = [
     "ProcessCounters",
     "SourceCounters",
     "Verdict",
+    "percentiles",
     "verdict",
 ]
 
@@ -65,8 +68,6 @@ CPU_BOUND_BUSY = 0.5
 """Share of the building threads' time on a CPU at and above which input is CPU-bound."""
 MIN_BATCHES = 8
 """Batches timed (besides each pass's first) before a verdict is given."""
-LATENCY_BUCKETS_S: tuple[float, ...] = (0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
-"""Upper bounds of the batch-ready latency histogram (a last bucket holds the rest)."""
 
 
 class Verdict:
@@ -309,22 +310,6 @@ class InputStats:
         }
 
 
-def percentiles(counts: Sequence[int], qs: Sequence[float] = (0.5, 0.95, 0.99)) -> list[float]:
-    """The ``qs`` quantiles of a :data:`LATENCY_BUCKETS_S` histogram in milliseconds (a
-    bucket's upper bound; the last, open bucket reports twice the largest bound)."""
-    total = sum(counts)
-    bounds = [b * 1000 for b in LATENCY_BUCKETS_S] + [LATENCY_BUCKETS_S[-1] * 2000]
-    out = []
-    for q in qs:
-        rank, seen = q * total, 0
-        for bound, n in zip(bounds, counts, strict=True):
-            seen += n
-            if seen >= rank:
-                out.append(bound)
-                break
-    return out
-
-
 @dataclass
 class _Window:
     batches: int = 0
@@ -411,7 +396,11 @@ class InputMeter:
 
     def report_window(self) -> InputStats:
         """The figures since the previous call (what a checkpoint commit carries)."""
-        window, self._since_report = self._since_report, _Window()
+        # Reset in place: a running ``timed`` generator holds this window.
+        live = self._since_report
+        window = dataclasses.replace(live, counts=list(live.counts))
+        live.batches, live.wait_s, live.step_s, live.first_s = 0, 0.0, 0.0, 0.0
+        live.counts[:] = [0] * len(live.counts)
         source = self.source()
         delta, self._reported = source - self._reported, source
         return self._stats(window, delta)
@@ -419,7 +408,7 @@ class InputMeter:
     def _stats(self, w: _Window, source: SourceCounters) -> InputStats:
         total = w.wait_s + w.step_s
         share = w.wait_s / total if total > 0 else 0.0
-        pct = percentiles(w.counts) if w.batches else None
+        pct = percentiles(w.counts) or None
         return InputStats(
             batches=w.batches,
             data_wait_s=w.wait_s,

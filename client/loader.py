@@ -192,8 +192,14 @@ class ShardstreamLoader:
         """
         from shardstream.client._server import commit_checkpoint
 
+        report = None
+        if self._meter is not None:
+            topology = self.dataset.topology
+            report = self._meter.report_window().report(topology.rank, topology.world_size)
         attempt = self._register()
-        commit_checkpoint(self.dataset, step, self.state_dict(), wait=wait, attempt=attempt)
+        commit_checkpoint(
+            self.dataset, step, self.state_dict(), wait=wait, stats=report, attempt=attempt
+        )
 
     def _register(self) -> int | None:
         """This start's attempt in the run's ledger (registered once, before the first

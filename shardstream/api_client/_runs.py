@@ -11,7 +11,9 @@ from shardstream.wire import (
     AttemptPublic,
     CheckpointCreate,
     CheckpointPublic,
+    InputStatsReport,
     RunCreate,
+    RunInputStats,
     RunPublic,
     RunSource,
     RunStatus,
@@ -68,18 +70,26 @@ class RunsAPI(APISession):
         sample_in_epoch: int,
         plan: Mapping[str, Any] | None = None,
         attempt: int | None = None,
+        stats: Mapping[str, Any] | None = None,
     ) -> CheckpointPublic:
         """Commit the data position at ``step`` (same state again is a no-op; else 409),
-        as attempt ``attempt`` of the run (see :meth:`register_attempt`)."""
+        as attempt ``attempt`` of the run (see :meth:`register_attempt`); ``stats``: this
+        rank's input figures since its previous commit (``InputStats.report``)."""
         body = CheckpointCreate(
             step=step,
             epoch=epoch,
             sample_in_epoch=sample_in_epoch,
             plan=dict(plan or {}),
             attempt=attempt,
+            stats=None if stats is None else InputStatsReport.model_validate(dict(stats)),
         )
         path = f"/v1/runs/{run_id}/checkpoints"
         return self._model(CheckpointPublic, self.request("POST", path, json=json_body(body)))
+
+    def input_stats(self, run_id: int) -> RunInputStats:
+        """Is the run waiting for data? Its ranks' input figures (from their commits)."""
+        path = f"/v1/runs/{run_id}/input-stats"
+        return self._model(RunInputStats, self.request("GET", path))
 
     def get_checkpoint(self, run_id: int, step: int) -> CheckpointPublic:
         """The checkpoint at ``step`` (NotFoundError if none)."""

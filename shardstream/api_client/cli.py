@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from shardstream.api_client._input_view import input_lines
+
 __all__ = ["register"]
 
 
@@ -38,7 +40,9 @@ def register(subparsers: Any) -> None:
     show.add_argument("name", metavar="NAME[@VERSION]")
     datasets.set_defaults(handler=_datasets)
 
-    runs = subparsers.add_parser("runs", help="list training runs, show one's checkpoints")
+    runs = subparsers.add_parser(
+        "runs", help="list training runs, show one's checkpoints and input figures"
+    )
     verbs = runs.add_subparsers(dest="verb", metavar="VERB", required=True)
     verbs.add_parser("list", parents=[common], help="every run this token may read")
     show = verbs.add_parser("show", parents=[common], help="a run and its checkpoints")
@@ -108,11 +112,15 @@ def _runs(args: argparse.Namespace) -> int:
             return _audit(args, api.audit_run(args.run))
         run = _run_row(api.get_run(args.run).model_dump(mode="json"))
         checkpoints = [c.model_dump(mode="json") for c in api.list_checkpoints(args.run)]
+        inputs = api.input_stats(args.run).model_dump(mode="json")
         if args.json:
-            return _print_json({**run, "checkpoints": checkpoints})
+            return _print_json({**run, "checkpoints": checkpoints, "input_stats": inputs})
         _out(args, run, ["id", "name", "status", "sources", "seed", "created_by"], single=True)
         print()
-        return _out(args, checkpoints, ["step", "epoch", "sample_in_epoch", "created_at", "age"])
+        _out(args, checkpoints, ["step", "epoch", "sample_in_epoch", "created_at", "age"])
+        print()
+        print("\n".join(input_lines(inputs)))
+        return 0
 
 
 def _audit(args: argparse.Namespace, report: dict[str, Any]) -> int:

@@ -7,6 +7,7 @@ previous commit; the server keeps each rank's latest and their totals per run.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Literal
 
@@ -14,9 +15,30 @@ from pydantic import Field
 
 from ._fields import MAX_INT, Count, PublicModel, StrictModel
 
-LATENCY_BUCKETS = 10
-"""Buckets of the batch-ready latency histogram (the client's LATENCY_BUCKETS_S and an
-open last one)."""
+LATENCY_BUCKETS_S: tuple[float, ...] = (0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
+"""Upper bounds of the batch-ready latency histogram (a last, open bucket holds the rest)."""
+LATENCY_BUCKETS = len(LATENCY_BUCKETS_S) + 1
+
+
+def percentiles(counts: Sequence[int], qs: Sequence[float] = (0.5, 0.95, 0.99)) -> list[float]:
+    """The ``qs`` quantiles of a :data:`LATENCY_BUCKETS_S` histogram in milliseconds (a
+    bucket's upper bound; the last, open bucket reports twice the largest bound); empty
+    for an empty histogram."""
+    total = sum(counts)
+    if not total:
+        return []
+    bounds = [b * 1000 for b in LATENCY_BUCKETS_S] + [LATENCY_BUCKETS_S[-1] * 2000]
+    out = []
+    for q in qs:
+        rank, seen = q * total, 0
+        for bound, n in zip(bounds, counts, strict=True):
+            seen += n
+            if seen >= rank:
+                out.append(bound)
+                break
+    return out
+
+
 MAX_WORLD_SIZE = 1 << 20
 
 Seconds = Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)]

@@ -12,7 +12,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shardstream.client import CacheOptions, PlanOptions, ShardstreamLoader, StreamingDataset
+from shardstream.api_client import APIClient
+from shardstream.client import (
+    CacheOptions,
+    PlanOptions,
+    ServerOptions,
+    ShardstreamLoader,
+    StreamingDataset,
+)
 from shardstream.client.input_stats import (
     INPUT_BOUND_SHARE,
     LATENCY_BUCKETS_S,
@@ -25,11 +32,14 @@ from shardstream.client.input_stats import (
 )
 from shardstream.errors import ConfigError
 from shardstream.mds import MDSWriter
+from shardstream.shard_builder.publish import register_index
 from shardstream.storage import open_store
+from shardstream.wire import InputStatsReport
 from tests.client.test_dataset_support import write_tokens
 from tests.fixtures.cloud_emulator import CloudEmulator
 from tests.fixtures.cloud_emulator_fixture import _cloud_emulator_process, cloud_emulator
 from tests.fixtures.s3 import S3Bucket
+from tests.fixtures.server import LiveServer
 
 __all__ = ["_cloud_emulator_process", "cloud_emulator"]
 
@@ -119,7 +129,7 @@ def test_a_slow_store_is_io_bound(
     tmp_path: Path,
 ) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL", cloud_emulator.endpoint_url)
-    cloud_emulator.configure(latency_s=0.15)
+    cloud_emulator.configure(latency_s=0.3, conn_bytes_per_s=64 << 10)  # 0.25 s a shard more
     ds = StreamingDataset(
         remote_tokens, 30, cache=CacheOptions(dir=tmp_path / "cache"), plan=PlanOptions(seed=3)
     )
@@ -157,6 +167,15 @@ def test_a_log_line_every_n_batches(
     assert all(line.startswith("input: ") and "wait" in line for line in lines)
 
 
+def test_the_commit_report_is_small_and_valid(tokens_dir: Path, tmp_path: Path) -> None:
+    ds = StreamingDataset(str(tokens_dir), 8, cache=CacheOptions(dir=tmp_path / "cache"))
+    with ShardstreamLoader(ds, num_workers=1) as loader:
+        report = _run(loader, limit=12).report(rank=3, world_size=8)
+    checked = InputStatsReport.model_validate(report)
+    assert checked.rank == 3 and checked.batches == 11
+    assert len(checked.model_dump_json()) < 1024
+
+
 def test_the_verdict_rule() -> None:
     assert verdict(3, 0.9, 0.1) == Verdict.UNKNOWN  # too few batches to say
     assert verdict(100, 0.05, 0.9) == Verdict.NOT_INPUT_BOUND
@@ -168,3 +187,33 @@ def test_the_verdict_rule() -> None:
     assert percentiles(counts) == [1.0, 100.0, 100.0]
     a = SourceCounters(storage_requests=2, build_s=1.0, build_cpu_s=0.25)
     assert (a + a).busy == 0.25 and (a + a - a) == a
+
+
+def test_commits_carry_each_windows_figures_to_the_server(
+    live_server: LiveServer, tmp_path: Path
+) -> None:
+    write_tokens(tmp_path / "ds", 64, size_limit=600)
+    with APIClient(live_server.url, live_server.token) as api:
+        register_index(api, str(tmp_path / "ds" / "index.json"), "tokens")
+        run = api.create_run([("tokens", 1)], global_batch_size=4).id
+    server = ServerOptions(url=live_server.url, token=live_server.token, run=run)
+    ds = StreamingDataset(
+        str(tmp_path / "ds"), 4, server=server, cache=CacheOptions(dir=tmp_path / "cache")
+    )
+    with ShardstreamLoader(ds, num_workers=1) as loader:
+        for step, _ in enumerate(loader, start=1):
+            time.sleep(0.002)
+            if step % 5 == 0:
+                loader.commit(step)
+        loader.flush_commits()
+        stats = loader.stats()
+    with APIClient(live_server.url, live_server.token) as api:
+        got = api.input_stats(run)
+    assert [r.rank for r in got.ranks] == [0] and got.missing == [] and got.world_size == 1
+    rank = got.ranks[0]
+    assert rank.step == 15 and [s for s, _ in rank.history] == [5, 10, 15]
+    # The windows add up to what the loader measured until its last commit (14 timed
+    # batches: the first of the pass is timed apart), no window counted twice.
+    assert rank.total.batches == 14 and rank.latest.batches == 5
+    assert rank.total.batches <= stats.batches
+    assert rank.total.cache_misses + rank.total.cache_hits > 0

@@ -11,10 +11,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
+from shardstream.api_client import APIClient
+from shardstream.cli import main
 from shardstream.server.config import Settings
+from tests.fixtures.server import LiveServer
 from tests.server.test_runs import _run
+from tests.server.test_terminal_commands import _publish
 
 
 def report(rank: int, world: int, wait: float, step: float, **extra: Any) -> dict[str, Any]:
@@ -132,3 +137,29 @@ def test_metrics_export_per_run_aggregates_without_ranks(api: TestClient, tmp_pa
     # A run that is no longer running leaves the export.
     api.patch(f"/v1/runs/{run}", json={"status": "completed"})
     assert "shardstream_run_data_wait_ratio{" not in api.get("/metrics").text
+
+
+def test_runs_show_prints_wait_share_verdict_and_silent_ranks(
+    live_server: LiveServer,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SHARDSTREAM_SERVER", live_server.url)
+    monkeypatch.setenv("SHARDSTREAM_TOKEN", live_server.token)
+    with APIClient() as api:
+        _publish(api, live_server.storage_root, "alpha")
+        run = api.create_run([("alpha", 1)], global_batch_size=8, seed=3, name="r1")
+        for rank, wait in ((0, 1.0), (2, 8.0)):  # rank 1 of 3 never reports
+            stats = report(rank, 3, wait, 2.0, verdict="cpu_bound" if rank else "io_bound")
+            api.commit_checkpoint(run.id, step=10, epoch=0, sample_in_epoch=80, stats=stats)
+    capsys.readouterr()
+    assert main(["runs", "show", str(run.id)]) == 0
+    shown = capsys.readouterr().out
+    assert "input: cpu_bound" in shown or "input: io_bound" in shown, shown
+    assert "never reported: rank 1" in shown, shown
+    table = shown[shown.index("RANK") if "RANK" in shown else shown.index("rank  wait") :]
+    first = table.splitlines()[1].split()
+    assert first[:3] == ["2", "80.0%", "cpu_bound"], table  # the slowest rank first
+    assert main(["runs", "show", str(run.id), "--json"]) == 0
+    inputs = json.loads(capsys.readouterr().out)["input_stats"]
+    assert inputs["missing"] == [1] and [r["rank"] for r in inputs["ranks"]] == [2, 0]

@@ -1,0 +1,55 @@
+"""``shardstream runs show``'s input section: is the run waiting for data, on which ranks?"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardstream.wire._input_stats import percentiles
+
+__all__ = ["input_lines"]
+
+SLOWEST = 16
+"""Ranks listed (the slowest, by wait share of their latest window); --json has them all."""
+
+
+def input_lines(stats: dict[str, Any]) -> list[str]:
+    """The run's input figures (``GET /v1/runs/{id}/input-stats``) as lines for a terminal."""
+    ranks = stats["ranks"]
+    if not ranks:
+        return ["input: no rank has reported input figures yet (they come with commits)"]
+    share = stats["wait_share"]
+    head = (
+        f"input: {stats['verdict']}; data wait {share:.1%} of the loop's time over "
+        f"{len(ranks)} of {stats['world_size']} ranks"
+    )
+    if stats["missing_count"]:
+        listed = ", ".join(str(r) for r in stats["missing"][:20])
+        more = "" if stats["missing_count"] <= 20 else f" and {stats['missing_count'] - 20} more"
+        head += f"; never reported: rank {listed}{more}"
+    lines = [head, ""]
+    header = ("rank", "wait", "verdict", "ready p50/p95/p99 ms", "storage", "retries",
+              "throttled", "cache hit/miss", "step")  # fmt: skip
+    rows = [header]
+    for rank in ranks[:SLOWEST]:
+        latest = rank["latest"]
+        total = rank["total"]
+        pct = percentiles(latest["latency_counts"])
+        rows.append(
+            (
+                str(rank["rank"]),
+                f"{rank['wait_share']:.1%}",
+                rank["verdict"],
+                "/".join(f"{v:g}" for v in pct) or "-",
+                f"{total['storage_bytes'] / 2**20:.1f} MiB",
+                str(total["retries"]),
+                str(total["throttled"]),
+                f"{total['cache_hits']}/{total['cache_misses']}",
+                str(rank["step"]),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+              for row in rows]  # fmt: skip
+    if len(ranks) > SLOWEST:
+        lines.append(f"... {len(ranks) - SLOWEST} more ranks (--json lists them all)")
+    return lines
