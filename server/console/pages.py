@@ -24,6 +24,7 @@ from shardstream.errors import APIError, AuthenticationError
 from shardstream.server.api.deps import RunId, SessionDep, authenticate, principal_of
 from shardstream.server.auth import Principal
 from shardstream.server.console import display, progress, session_store
+from shardstream.server.console.input_view import sparkline
 from shardstream.server.console.session import (
     PREFIX,
     check_csrf,
@@ -37,6 +38,7 @@ from shardstream.server.console.session import (
 )
 from shardstream.server.data import audit as audit_data
 from shardstream.server.data import datasets as datasets_data
+from shardstream.server.data import input_stats as input_stats_data
 from shardstream.server.data import runs as runs_data
 from shardstream.server.data import tokens as tokens_data
 from shardstream.server.data import versions as versions_data
@@ -59,6 +61,7 @@ templates = Jinja2Templates(directory=str(Path(__file__).with_name("templates"))
 templates.env.filters.update(
     size=display.size, when=display.when, age=display.age, quote=lambda s: quote(str(s), safe="")
 )
+templates.env.filters["sparkline"] = sparkline
 
 
 class _SignInError(Exception):
@@ -343,6 +346,7 @@ async def run(request: Request, who: User, session: SessionDep, run_id: RunId) -
         # The audit reads every checkpoint once: on the page up to AUDIT_ON_PAGE of them.
         report = audit_data.audit(session, run_id) if (total or 0) <= AUDIT_ON_PAGE else None
         return {
+            "inputs": input_stats_data.for_run(session, run_id),
             "audit": report,
             "run": runs_data.to_public(row, [s for s, _ in sources]),
             "progress": state,

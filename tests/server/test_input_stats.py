@@ -12,12 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from shardstream.api_client import APIClient
 from shardstream.cli import main
 from shardstream.server.config import Settings
 from tests.fixtures.server import LiveServer
+from tests.server.conftest import ADMIN
+from tests.server.test_console import sign_in
 from tests.server.test_runs import _run
 from tests.server.test_terminal_commands import _publish
 
@@ -163,3 +166,20 @@ def test_runs_show_prints_wait_share_verdict_and_silent_ranks(
     assert main(["runs", "show", str(run.id), "--json"]) == 0
     inputs = json.loads(capsys.readouterr().out)["input_stats"]
     assert inputs["missing"] == [1] and [r["rank"] for r in inputs["ranks"]] == [2, 0]
+
+
+def test_the_run_page_shows_wait_share_per_rank_verdict_and_silent_ranks(
+    api: TestClient, app: FastAPI, tmp_path: Path
+) -> None:
+    run = _run(api, tmp_path)["id"]
+    client = sign_in(app, ADMIN)
+    assert "No rank has sent input figures yet" in client.get(f"/ui/runs/{run}").text
+    for step, wait in ((10, 1.0), (20, 5.0)):
+        commit(api, run, step, report(0, 3, wait, 5.0))
+    commit(api, run, 20, report(2, 3, 0.1, 9.9, verdict="not_input_bound"))
+    page = client.get(f"/ui/runs/{run}").text
+    assert ">io bound</span>" in page  # rank 0 waits half its time now
+    assert "never reported: rank 1" in page
+    assert page.index('id="input-rank-0"') < page.index('id="input-rank-2"')  # slowest first
+    row = page[page.index('id="input-rank-0"') :].split("</tr>", 1)[0]
+    assert "50.0%" in row and row.count("<polyline") == 1  # its wait share over 2 commits
