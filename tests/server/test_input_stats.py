@@ -8,6 +8,7 @@ exports per-run aggregates (no per-rank series) on ``/metrics``.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -183,3 +184,24 @@ def test_the_run_page_shows_wait_share_per_rank_verdict_and_silent_ranks(
     assert page.index('id="input-rank-0"') < page.index('id="input-rank-2"')  # slowest first
     row = page[page.index('id="input-rank-0"') :].split("</tr>", 1)[0]
     assert "50.0%" in row and row.count("<polyline") == 1  # its wait share over 2 commits
+
+
+def test_the_grafana_dashboard_queries_metrics_the_server_exports(
+    api: TestClient, tmp_path: Path
+) -> None:
+    run = _run(api, tmp_path)["id"]
+    commit(api, run, 10, report(0, 2, 3.0, 1.0))
+    exported = {
+        line.split("{")[0].split(" ")[0]
+        for line in api.get("/metrics").text.splitlines()
+        if line and not line.startswith("#")
+    }
+    exported.add("shardstream_http_requests_total")  # counted from the first request on
+    dashboard = Path(__file__).parents[2] / "deploy" / "grafana" / "shardstream-input.json"
+    queries = [
+        target["expr"]
+        for panel in json.loads(dashboard.read_text())["panels"]
+        for target in panel["targets"]
+    ]
+    used = {name for q in queries for name in re.findall(r"shardstream_\w+", q)}
+    assert used and used <= exported, used - exported
