@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from shardstream.errors import ShardstreamError
 
@@ -50,10 +51,12 @@ def ordered_map(
     ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     pending: deque[Future[R]] = deque()
     pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker)
+    processes: dict[int, Any] = {}  # every worker process, kept to read how one died
     finished = False
     try:
         for item in items:
             pending.append(pool.submit(fn, item))
+            processes.update(getattr(pool, "_processes", None) or {})
             if len(pending) >= window:
                 yield pending.popleft().result()
         while pending:
@@ -61,7 +64,7 @@ def ordered_map(
         finished = True
     except BrokenProcessPool as exc:
         raise ShardstreamError(
-            "a builder worker process died (killed, or out of memory: try fewer --workers); "
+            f"a builder worker process died ({_cause(processes.values())}); "
             "the finished shards are kept - run the same command again to resume"
         ) from exc
     finally:
@@ -69,6 +72,25 @@ def ordered_map(
             pool.shutdown(wait=True)
         else:
             _abandon(pool)
+
+
+def _cause(processes: Iterable[Any]) -> str:
+    """Why a worker died, from the signal that ended it (the pool stops the others with
+    SIGTERM afterwards: those are not the cause)."""
+    signals = set()
+    for process in processes:
+        process.join(timeout=1)
+        if process.exitcode is not None and process.exitcode < 0:
+            signals.add(-process.exitcode)
+    if signal.SIGBUS in signals:
+        return (
+            "SIGBUS: a file it read through a memory map ended early or is damaged, such as "
+            "an LMDB database that is cut short or garbled, or an input changed while it "
+            "was read; check the input"
+        )
+    if signal.SIGSEGV in signals:
+        return "SIGSEGV: a library crashed on its input; check the input"
+    return "killed, or out of memory: try fewer --workers"
 
 
 def _abandon(pool: ProcessPoolExecutor) -> None:

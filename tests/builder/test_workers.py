@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import pytest
@@ -22,6 +23,12 @@ def _die_on_five(x: int) -> int:
     return x
 
 
+def _bus_error_on_five(x: int) -> int:
+    if x == 5:
+        os.kill(os.getpid(), signal.SIGBUS)  # as a read past the end of a mapped file does
+    return x
+
+
 def _fail_on_four(x: int) -> int:
     if x == 4:
         raise ValueError("item 4 is bad")
@@ -36,6 +43,13 @@ def test_results_come_back_in_input_order(workers: int) -> None:
 def test_a_dead_worker_is_one_clear_error() -> None:
     with pytest.raises(ShardstreamError, match=r"worker process died.*resume"):
         list(ordered_map(_die_on_five, range(10), workers=2))
+
+
+def test_a_worker_killed_by_sigbus_is_named_so() -> None:
+    # A damaged LMDB database read through its memory map ends its reader with SIGBUS:
+    # "out of memory: try fewer --workers" sent the user the wrong way.
+    with pytest.raises(ShardstreamError, match=r"worker process died \(SIGBUS: .*damaged"):
+        list(ordered_map(_bus_error_on_five, range(10), workers=2))
 
 
 def test_an_exception_in_a_worker_reaches_the_caller() -> None:
