@@ -12,6 +12,11 @@ requests answered 503 SlowDown, and ``--nodes`` nodes (processes with their own 
 reading at once.
 
     python benchmarks/cloud_read.py [--shard-mb 64,256] [--shards 16] [--nodes 4]
+
+shardstream reads the shards as our writer wrote them (block digests, piece tables) and as
+MosaicML's ``MDSWriter`` wrote the same rows (``--writers``), each with connection reuse
+(keep-alive, as S3) and without it (``--reuse``: every answer closes its connection, and
+each new connection pays ``--handshake-ms``, TCP and TLS set-up).
 """
 
 from __future__ import annotations
@@ -54,14 +59,24 @@ def _lit_samples(item: tuple[int, int]) -> Any:
         yield {"tokens": row}
 
 
-def build(root: Path, shard_mb: float, shards: int) -> tuple[str, int]:
-    """Write the MDS dataset (read by shardstream and MosaicML) and LitData's, once."""
+def build(root: Path, shard_mb: float, shards: int, *, lit_data: bool = True) -> tuple[str, int]:
+    """Write the MDS dataset (read by shardstream and MosaicML), the same rows with
+    MosaicML's own writer (no block digests, no piece tables) and LitData's, once."""
     limit = int(shard_mb * 1e6)
     per_shard = limit // (SAMPLE_BYTES + 8)
     n = per_shard * shards
     name = f"{shard_mb:g}mb-x{shards}"
     blocks = [(b, min(4096, n - s)) for b, s in enumerate(range(0, n, 4096))]
-    mds, lit = root / f"mds-{name}", root / f"lit-{name}"
+    mds, lit, theirs = root / f"mds-{name}", root / f"lit-{name}", root / f"mdsm-{name}"
+    if not (theirs / "index.json").exists():
+        from streaming import MDSWriter as MosaicWriter
+
+        shutil.rmtree(theirs, ignore_errors=True)
+        columns = {"tokens": f"ndarray:uint16:{TOKENS}"}
+        with MosaicWriter(out=str(theirs), columns=columns, size_limit=limit) as mosaic:
+            for block in blocks:
+                for row in _rows(*block):
+                    mosaic.write({"tokens": row})
     if not (mds / "index.json").exists():
         from shardstream.mds import MDSWriter
 
@@ -71,7 +86,7 @@ def build(root: Path, shard_mb: float, shards: int) -> tuple[str, int]:
             for block in blocks:
                 for row in _rows(*block):
                     writer.write({"tokens": row})
-    if not (lit / "index.json").exists():
+    if lit_data and not (lit / "index.json").exists():
         import litdata
 
         shutil.rmtree(lit, ignore_errors=True)
@@ -289,6 +304,21 @@ def main() -> int:
     parser.add_argument("--slowdown", type=float, default=0.05, help="injected SlowDown share")
     parser.add_argument("--peer-batches", type=int, default=0, help="peers stop after N batches")
     parser.add_argument("--run-timeout", type=float, default=900, help="seconds per reader")
+    parser.add_argument(
+        "--writers",
+        default="ours,mosaic",
+        help="who wrote the shards shardstream reads: ours (block digests, piece tables), "
+        "mosaic (MosaicML's MDSWriter: neither; the peers always read ours)",
+    )
+    parser.add_argument(
+        "--reuse",
+        default="on,off",
+        help="connection reuse: on (keep-alive, as S3 does), off (Connection: close on "
+        "every answer, so each request pays a new connection's --handshake-ms)",
+    )
+    parser.add_argument(
+        "--handshake-ms", type=float, default=None, help="new connection (default: --latency-ms)"
+    )
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--conn-mbps", type=float, default=90.0)
     parser.add_argument("--get-rate", type=float, default=5500.0)
@@ -305,13 +335,21 @@ def main() -> int:
         else:
             modes.append(mode)
     peers = [p for p in args.peers.split(",") if p]
+    handshake_ms = args.latency_ms if args.handshake_ms is None else args.handshake_ms
     settings = EmulatorSettings(
         latency_s=args.latency_ms / 1000,
         conn_bytes_per_s=args.conn_mbps * 1e6,
         get_rate=args.get_rate,
+        handshake_s=handshake_ms / 1000,
     )
+    writers = [w for w in args.writers.split(",") if w]
+    reuses = [r for r in args.reuse.split(",") if r]
+    lit_data = any(p.startswith("litdata") for p in peers)
     t = time.perf_counter()
-    datasets = [build(args.dir, float(mb), args.shards) for mb in args.shard_mb.split(",")]
+    datasets = [
+        build(args.dir, float(mb), args.shards, lit_data=lit_data)
+        for mb in args.shard_mb.split(",")
+    ]
     print(f"datasets ready in {time.perf_counter() - t:.1f}s under {args.dir}", flush=True)
 
     creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
@@ -323,7 +361,10 @@ def main() -> int:
         sizes: dict[str, int] = {}
         for name, _ in datasets:
             sizes[name] = moto.upload(args.dir / f"mds-{name}")
-            sizes["lit-" + name] = moto.upload(args.dir / f"lit-{name}")
+            if "mosaic" in writers:
+                sizes["mdsm-" + name] = moto.upload(args.dir / f"mdsm-{name}")
+            if lit_data:
+                sizes["lit-" + name] = moto.upload(args.dir / f"lit-{name}")
         with CloudEmulator(moto.url, settings, mirror_dir=args.dir) as emu:
             emu.warm(BUCKET)  # the emulator serves from its mirror: moto stays out of timing
             env = {
@@ -353,7 +394,9 @@ def main() -> int:
                 lines.append(format_row(name, row, size, settings))
                 print(lines[-1], flush=True)
 
-            for name, _ in datasets:
+            for reuse, (name, _) in ((r, d) for r in reuses for d in datasets):
+                emu.configure(keep_alive=reuse != "off")
+                tag = ", no reuse" if reuse == "off" else ""
                 mds = f"s3://{BUCKET}/mds-{name}"
                 lit = f"s3://{BUCKET}/lit-{name}"
                 # Cacheless holds the mixing window in memory: give it the whole dataset
@@ -361,32 +404,41 @@ def main() -> int:
                 budget = max(2 << 30, int(sizes[name] * 1.1))
                 ours: dict[str, Any] = {"library": "shardstream", "url": mds + "/index.json"}
                 ours["memory_budget"] = budget
-                for mode in modes:
-                    one(f"shardstream {mode}", name, [{**ours, "mode": mode}], sizes[name])
+                for writer in writers:
+                    prefix = "mds" if writer == "ours" else "mdsm"
+                    url = f"s3://{BUCKET}/{prefix}-{name}/index.json"
+                    size = sizes[name if writer == "ours" else "mdsm-" + name]
+                    who = "" if writer == "ours" else " (MosaicML-written)"
+                    for mode in modes:
+                        spec = {**ours, "url": url, "mode": mode}
+                        one(f"shardstream {mode}{who}{tag}", name, [spec], size)
                 for peer in peers:
                     is_lit = peer.startswith("litdata")
                     url = lit if is_lit else mds
                     size = sizes["lit-" + name] if is_lit else sizes[name]
                     spec = {"library": peer, "url": url, "max_batches": args.peer_batches}
                     first = f", first {args.peer_batches} batches" if args.peer_batches else ""
-                    one(f"{peer} (S3 remote{first})", name, [spec], size)
+                    one(f"{peer} (S3 remote{first}){tag}", name, [spec], size)
+                if reuse == "off":
+                    continue  # resumes, SlowDown and nodes: with connection reuse only
                 for mode in modes:
                     if args.resume_at:
                         spec = {**ours, "mode": mode, "resume": args.resume_at}
                         one(
-                            f"shardstream {mode}, resumed at {args.resume_at:.0%}",
+                            f"shardstream {mode}, resumed at {args.resume_at:.0%}{tag}",
                             name,
                             [spec],
                             sizes[name],
                         )
                 if args.slowdown and modes:
                     emu.configure(slowdown_rate=args.slowdown)
-                    label = f"shardstream {modes[0]}, {args.slowdown:.0%} SlowDown"
+                    label = f"shardstream {modes[0]}, {args.slowdown:.0%} SlowDown{tag}"
                     one(label, name, [{**ours, "mode": modes[0]}], sizes[name])
                     emu.configure(slowdown_rate=0.0)
                 if args.nodes and modes:
                     specs = [{**ours, "mode": modes[0]} for _ in range(args.nodes)]
-                    one(f"shardstream {modes[0]}, {args.nodes} nodes", name, specs, sizes[name])
+                    label = f"shardstream {modes[0]}, {args.nodes} nodes{tag}"
+                    one(label, name, specs, sizes[name])
     finally:
         moto.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -394,7 +446,8 @@ def main() -> int:
     print(
         f"\n{args.shards} shards per dataset, {TOKENS} x uint16 tokens per sample, batch 32, "
         f"2 workers, {os.cpu_count()} CPUs; emulator {args.latency_ms:g} ms first byte, "
-        f"{args.conn_mbps:g} MB/s per connection, {args.get_rate:g} GET/s per prefix"
+        f"{args.conn_mbps:g} MB/s per connection, {args.get_rate:g} GET/s per prefix, "
+        f"{handshake_ms:g} ms per new connection"
     )
     print(HEADER)
     print("|" + " --- |" * HEADER.count(" |"))

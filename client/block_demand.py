@@ -64,7 +64,7 @@ class BlockDemand:
         _piece_batches_left: int
         _piece_chunks: set[int]
         _piece_shards: set[int]
-        _after_pieces: list[tuple[PartialShard, np.ndarray[Any, Any]]]
+        _after_pieces: list[tuple[int, PartialShard, np.ndarray[Any, Any]]]
         ranged: Callable[[int], bool]
         _fetch_args: Callable[[int], tuple[str, int, ResolvedSource, int]]
         _partial: Callable[[int], PartialShard]
@@ -142,7 +142,7 @@ class BlockDemand:
                 if self._memory is not None and self._cache is None:
                     self._memory.touch(where, blocks, tick)
                     self._memory.make_room(where.missing_bytes(blocks))
-                where.request(blocks, DEMAND)
+                where.request(blocks, DEMAND, bulk=True)
 
     def need(
         self,
@@ -178,7 +178,7 @@ class BlockDemand:
                 if self._memory is not None and self._cache is None:
                     self._memory.touch(where, blocks, tick)  # never evicted under this chunk
                 if shard not in pieces:  # pieces go alone: blocks would share the link
-                    self._request(where, blocks)  # every shard's in flight before any wait
+                    self._request(where, blocks, bulk=True)  # all in flight before any wait
                 waiting.append((shard, where, blocks, idx))
         for shard, where, blocks, idx in waiting:
             if shard in pieces:
@@ -196,7 +196,7 @@ class BlockDemand:
                     where.wait(extra)
         if by_piece:  # a first batch's blocks hold samples of the next ones: fetched once
             self._after_pieces = [  # it is out (the next want), not while it is being built
-                (where, blocks)
+                (shard, where, blocks)
                 for shard, where, blocks, _ in waiting
                 if shard in pieces and shard not in self._piece_shards
             ]
@@ -205,14 +205,25 @@ class BlockDemand:
     def _request_after_pieces(self) -> None:
         """Request the blocks of the samples the last chunk read by piece."""
         pending, self._after_pieces = self._after_pieces, []
-        for where, blocks in pending:
-            self._request(where, blocks)
+        for shard, where, blocks in pending:
+            with self._lock:
+                fill = self._filling.get(shard)
+            started = self._started.get(shard)
+            if fill is not None:  # the cache fill: its long ranges bring them
+                self._request(fill, blocks, bulk=True)
+            elif self._cache is not None and started is not None and not started.is_set():
+                self._after_pieces.append((shard, where, blocks))  # its fill is starting
+            else:
+                self._request(where, blocks, bulk=True)
 
-    def _request(self, where: PartialShard, blocks: np.ndarray[Any, Any]) -> None:
-        """Request ``blocks`` of ``where`` for a batch (cacheless: after making room)."""
+    def _request(
+        self, where: PartialShard, blocks: np.ndarray[Any, Any], *, bulk: bool = False
+    ) -> None:
+        """Request ``blocks`` of ``where`` for a batch (cacheless: after making room);
+        ``bulk``: a look-ahead read, lengthened where the process fills the shard whole."""
         if self._memory is not None and self._cache is None:
             self._memory.make_room(where.missing_bytes(blocks))
-        where.request(blocks)
+        where.request(blocks, bulk=bulk)
 
     def _by_piece(self, batches: Sequence[int] | None, *, first_call: bool) -> bool:
         """Whether the chunk of ``batches`` is among the process's first

@@ -14,12 +14,14 @@ import functools
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from shardstream.client.link import LinkEstimate
 from shardstream.client.ranges import coalesce
 from shardstream.errors import CorruptShardError, HashMismatchError, ShardstreamError
 from shardstream.mds import PieceTable, ShardInfo
@@ -51,6 +53,8 @@ class BlockStats:
         self.bytes_evicted = 0
         self.peer_bytes = 0
         """Bytes taken from another process's download file of the node cache, not fetched."""
+        self.link = LinkEstimate()
+        """Round trip and bandwidth seen by this fetcher's reads (sizes its bulk reads)."""
 
     def add(self, **deltas: int) -> None:
         """Add to the named counters."""
@@ -218,7 +222,9 @@ def _read_checked(
 ) -> bytes | bytearray:
     size, (start, end) = info.raw_data.bytes, span
     for attempt in range(1, VERIFY_ATTEMPTS + 1):
+        began = time.monotonic()
         data = store.read_range(key, start, end, expected_size=size)
+        stats.link.observe(len(data), time.monotonic() - began)
         stats.add(requests=1, bytes_fetched=len(data))
         try:
             check(data)

@@ -47,6 +47,7 @@ from shardstream.client.ranges import (
     blocks_of_samples,
     coalesce,
     header_bytes,
+    lengthen,
     offsets_from_index,
 )
 from shardstream.errors import CorruptShardError, StorageError
@@ -59,6 +60,9 @@ __all__ = ["IN_FLIGHT", "MISSING", "PRESENT", "BlockStats", "PartialShard"]
 log = logging.getLogger(__name__)
 
 MISSING, IN_FLIGHT, PRESENT = 0, 1, 2
+
+BULK_MAX_BYTES = 64 << 20
+"""Longest bulk read (0.75 s at 90 MB/s): a batch whose block is at its end waits for it."""
 
 
 class PartialShard(PieceReads):
@@ -92,7 +96,7 @@ class PartialShard(PieceReads):
         self.owner = np.full(self.num_blocks, -1, dtype=np.int64)
         """The read job each in-flight block belongs to."""
         self._jobs = 0
-        self._queued: set[int] = set()  # read jobs submitted and not started
+        self._queued: dict[int, int] = {}  # read jobs submitted and not started: priority
         self._cond = threading.Condition()
         self._error: BaseException | None = None
         self._reader: ShardReader | None = None
@@ -113,6 +117,12 @@ class PartialShard(PieceReads):
         self.node_shared = False
         """Whether this is the node cache's download file, where other processes of the
         node write verified blocks they fetched (a fill looks there before fetching)."""
+        self.adopted_header: bytes | None = None
+        """The header's bytes, read earlier by this process's memory copy of the shard (a
+        fill that starts after a first batch need not fetch them again)."""
+        self.bulk = False
+        """Whether this process fetches every block of the shard (its cache fill): then
+        look-ahead and fill reads are long ranges sized to the link (:meth:`bulk_blocks`)."""
         self._header_queued = False  # a header read is queued or running
         self._busy = 0  # runs in flight and threads waiting: the file stays open for them
         self._retired = False
@@ -142,34 +152,62 @@ class PartialShard(PieceReads):
 
     # -- requesting and waiting -----------------------------------------------------------
 
-    def request(self, blocks: npt.NDArray[np.int64], priority: int = DEMAND) -> None:
+    def request(
+        self, blocks: npt.NDArray[np.int64], priority: int = DEMAND, *, bulk: bool = False
+    ) -> None:
         """Start fetching the missing ones of ``blocks`` (sorted, unique).
 
-        A batch's request also takes over its blocks from background reads that are
-        queued but not started, so a batch never waits behind the fill.
+        A batch's request also takes over the background reads (fill) that hold its blocks
+        and are queued but not started, whole, so a batch never waits behind the fill and
+        a long range stays one request. With ``bulk`` (a shard this process fills whole:
+        :attr:`bulk`), each run also takes the missing blocks after it, up to
+        :meth:`bulk_blocks`.
         """
         jobs: list[tuple[int, int, int]] = []
         with self._cond:
             if self._error is not None:
                 return
             take = self.state[blocks] == MISSING
-            if priority == DEMAND and self._queued:
-                waiting = np.fromiter(self._queued, dtype=np.int64)
-                take |= (self.state[blocks] == IN_FLIGHT) & np.isin(self.owner[blocks], waiting)
             todo = blocks[take]
+            behind = [job for job, p in self._queued.items() if p > priority]
+            if priority == DEMAND and behind:
+                waiting = np.asarray(behind, dtype=np.int64)
+                late = (self.state[blocks] == IN_FLIGHT) & np.isin(self.owner[blocks], waiting)
+                if late.any():  # whole queued jobs move up: a long range stays one request
+                    jobs_late = np.unique(self.owner[blocks[late]])
+                    moved = np.flatnonzero(
+                        (self.state == IN_FLIGHT) & np.isin(self.owner, jobs_late)
+                    )
+                    todo = np.union1d(todo, moved)
+                    bulk = True  # the fill's long ranges stay long
             self.state[todo] = IN_FLIGHT
-            for first, last in coalesce(todo, self._range_blocks):
+            longest = self.bulk_blocks() if bulk and self.bulk else self._range_blocks
+            runs = coalesce(todo, longest)
+            if longest > self._range_blocks:
+                free = self.state == MISSING
+                runs = lengthen(runs, free, longest)
+                self.state[~free & (self.state == MISSING)] = IN_FLIGHT
+            for first, last in runs:
                 job = self._jobs = self._jobs + 1
                 self.owner[first : last + 1] = job
-                self._queued.add(job)
+                self._queued[job] = priority
                 jobs.append((first, last, job))
             self._busy += len(jobs)
         for first, last, job in jobs:
             self._queue.submit(priority, functools.partial(self._fetch, first, last, job))
 
-    def wait(self, blocks: npt.NDArray[np.int64], priority: int = DEMAND) -> None:
+    def bulk_blocks(self) -> int:
+        """Blocks of one bulk read: :data:`~shardstream.client.link.BULK_RTTS` round trips
+        of transfer at the measured link, at least ``range_bytes``, at most
+        :data:`BULK_MAX_BYTES` (a batch may wait for a whole range)."""
+        longest = self._stats.link.bulk_bytes(self._range_blocks * self.block_size, BULK_MAX_BYTES)
+        return max(self._range_blocks, -(-longest // self.block_size))
+
+    def wait(
+        self, blocks: npt.NDArray[np.int64], priority: int = DEMAND, *, bulk: bool = False
+    ) -> None:
         """Fetch ``blocks`` if needed and return once all are present (or raise why not)."""
-        self.request(blocks, priority)
+        self.request(blocks, priority, bulk=bulk)
         self._wait_until(lambda: bool((self.state[blocks] == PRESENT).all()))
 
     def _wait_until(self, ready: Callable[[], bool]) -> None:
@@ -198,9 +236,9 @@ class PartialShard(PieceReads):
                 missing = np.flatnonzero(self.state == MISSING)
             if missing.size == 0:
                 break
-            runs = coalesce(missing, self._range_blocks)[:2]
+            runs = coalesce(missing, self.bulk_blocks() if self.bulk else self._range_blocks)[:2]
             batch = np.concatenate([np.arange(a, b + 1) for a, b in runs])
-            self.wait(batch, priority)
+            self.wait(batch, priority, bulk=True)
         self.wait(np.arange(self.num_blocks, dtype=np.int64))
 
     def fail(self, error: BaseException) -> None:
@@ -234,10 +272,10 @@ class PartialShard(PieceReads):
     def _fetch(self, first: int, last: int, job: int) -> None:
         try:
             with self._cond:
-                self._queued.discard(job)
+                self._queued.pop(job, None)
                 # Blocks a batch's request took over are fetched by that request instead.
                 mine = np.flatnonzero(self.owner[first : last + 1] == job) + first
-            for a, b in coalesce(mine, self._range_blocks):
+            for a, b in coalesce(mine, last - first + 1):  # one request, as submitted
                 self._fetch_run(a, b)
         finally:
             with self._cond:
@@ -322,6 +360,10 @@ class PartialShard(PieceReads):
             min(header_bytes(self.info.samples) + 4096, self.size),
         )
 
+    def has_reader(self) -> bool:
+        """Whether the header is here (the reader is open)."""
+        return self._reader is not None
+
     def reader(self) -> ShardReader:
         """The shard's reader over this file (fetches the header first if needed)."""
         if self._reader is not None:
@@ -336,16 +378,18 @@ class PartialShard(PieceReads):
         if head is not None:  # never waits on the range queue: safe in its threads
             # The header's own bytes, verified against its digest: a few KiB where block 0
             # is MBs. Its blocks stay pinned (never evicted) while the shard is open.
-            held = None
+            held, in_file = self.adopted_header, False
             with self._cond:  # read whole already (a small shard): its own bytes
-                if self.fd >= 0 and self.complete():
-                    held = os.pread(self.fd, head.length, 0)
+                if held is None and self.fd >= 0 and self.complete():
+                    held, in_file = os.pread(self.fd, head.length, 0), True
+            if held is not None:
+                head.verify(held, self.info.raw_data.basename)
             data = held or read_header(self.store, self.key, self.info, stats=self._stats)
             self._learn_pieces(data)
             with self._cond:
                 if self.fd < 0:
                     raise StorageError(f"{self.key}: the partial shard was closed")
-                if held is None:
+                if not in_file:
                     pwrite_all(self.fd, data, 0)
             self._header_blocks = blocks_between(self.num_blocks, self.block_size, 0, head.length)
             return ShardReader(self.path, self.info)

@@ -79,7 +79,7 @@ class ShardFetcher(ShardFills, BlockDemand):
         self._piece_batches_left = options.piece_read_batches  # BlockDemand's first batches
         self._piece_chunks: set[int] = set()
         self._piece_shards: set[int] = set()  # read by piece in every batch
-        self._after_pieces: list[tuple[PartialShard, np.ndarray[Any, Any]]] = []
+        self._after_pieces: list[tuple[int, PartialShard, np.ndarray[Any, Any]]] = []
         self._complete: dict[int, ShardReader] = {}
         self._lock = threading.Lock()
         self._ranged: dict[int, bool] = {}

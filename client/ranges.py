@@ -24,6 +24,7 @@ __all__ = [
     "blocks_of_spans",
     "coalesce",
     "header_bytes",
+    "lengthen",
     "offsets_from_index",
 ]
 
@@ -91,3 +92,27 @@ def coalesce(blocks: I64, max_blocks: int) -> list[tuple[int, int]]:
             runs.append((first, stop))
             first = stop + 1
     return runs
+
+
+def lengthen(
+    runs: list[tuple[int, int]], free: npt.NDArray[np.bool_], longest: int
+) -> list[tuple[int, int]]:
+    """``runs`` each extended forward over the consecutive ``free`` blocks after it, to at
+    most ``longest`` blocks; the blocks taken are marked not free (in place).
+
+    A bulk read: blocks a batch needs start a range that also brings the missing blocks
+    after them, which the fill would fetch anyway, so a shard's bulk costs a few long
+    requests instead of a round trip per block.
+
+    >>> free = np.array([False, True, True, False, True])
+    >>> lengthen([(0, 0), (3, 3)], free, 3), free.tolist()
+    ([(0, 2), (3, 4)], [False, False, False, False, False])
+    """
+    out: list[tuple[int, int]] = []
+    for first, last in runs:
+        stop, end = min(first + longest, len(free)) - 1, last
+        while end < stop and free[end + 1]:
+            end += 1
+            free[end] = False
+        out.append((first, end))
+    return out

@@ -187,10 +187,14 @@ def source_connections(sources: Sequence[ResolvedSource]) -> int:
 
 
 def adopt(target: PartialShard, early: PartialShard) -> None:
-    """Copy the blocks ``early`` holds into ``target`` (same shard, same block size)."""
+    """Copy the blocks ``early`` holds into ``target`` (same shard, same block size), and
+    its header where it read one."""
     if early.block_size != target.block_size:
         return
+    head = early.info.header_digest
     with early._cond:
+        if head is not None and early.has_reader() and early.fd >= 0:
+            target.adopted_header = os.pread(early.fd, head.length, 0)  # checked on use
         present = np.flatnonzero(early.state == 2)
         for block in present.tolist():
             start = block * early.block_size

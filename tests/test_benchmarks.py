@@ -102,11 +102,12 @@ def test_cloud_read_runs_every_reader_through_the_emulator(tmp_path: Path) -> No
     assert "FAILED" not in done.stdout, done.stdout[-3000:]
     table = done.stdout.split("| dataset | reader |", 1)[1].splitlines()[2:]
     rows = {cells[1]: cells[2:] for cells in (line.split(" | ") for line in table if line)}
-    expected = ["shardstream cache", "mosaic (S3 remote)", "litdata (S3 remote)"]
-    expected += ["shardstream cache, resumed at 90%", "shardstream cache, 30% SlowDown"]
-    expected += ["shardstream cache, 2 nodes"]
-    if "mode 'cacheless' skipped" not in done.stdout:
-        expected += ["shardstream cacheless", "shardstream cacheless, resumed at 90%"]
+    modes = ["cache"] + (["cacheless"] if "mode 'cacheless' skipped" not in done.stdout else [])
+    once = [f"shardstream {m}{who}" for m in modes for who in ("", " (MosaicML-written)")]
+    once += ["mosaic (S3 remote)", "litdata (S3 remote)"]
+    expected = once + [f"{label}, no reuse" for label in once]  # --reuse on,off by default
+    expected += [f"shardstream {m}, resumed at 90%" for m in modes]
+    expected += ["shardstream cache, 30% SlowDown", "shardstream cache, 2 nodes"]
     assert sorted(rows) == sorted(expected), done.stdout
     for label, cells in rows.items():
         first_batch, samples_s, fetched, requests = (

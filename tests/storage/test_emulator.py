@@ -309,3 +309,29 @@ def test_ranged_reads_keep_their_connection_and_survive_cuts(
         stats = cloud_emulator.stats()
         assert stats["cuts"] >= 2, stats
         assert stats["connections"] >= stats["cuts"]  # a cut connection is never reused
+
+
+def test_without_keep_alive_every_request_pays_a_new_connection(
+    s3_bucket: S3Bucket, cloud_emulator: CloudEmulator
+) -> None:
+    """``keep_alive=False`` answers with ``Connection: close``: the next request opens a new
+    connection, which waits ``handshake_s`` before its first answer (with keep-alive, only
+    the first request pays it)."""
+    store, _ = _stores(s3_bucket, cloud_emulator, "reuse", max_connections=1, retries=3)
+    data = os.urandom(64 * KiB)
+    store.write_bytes("r.bin", data)
+    cloud_emulator.configure(latency_s=0.0, handshake_s=0.1, keep_alive=False)
+    cloud_emulator.reset()
+    t0 = time.perf_counter()
+    for i in range(4):
+        assert store.read_range("r.bin", i, i + 10) == data[i : i + 10]
+    assert time.perf_counter() - t0 >= 0.4  # a handshake each
+    stats = cloud_emulator.stats()  # asked on a connection of its own, counted too
+    assert stats["requests"] == 4 and stats["connections"] - 1 == 4, stats
+    cloud_emulator.configure(keep_alive=True)
+    store.read_range("r.bin", 0, 1)  # a connection that stays
+    cloud_emulator.reset()
+    for i in range(4):
+        assert store.read_range("r.bin", i, i + 10) == data[i : i + 10]
+    stats = cloud_emulator.stats()
+    assert stats["requests"] == 4 and stats["connections"] - 1 == 0, stats
