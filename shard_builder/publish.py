@@ -274,8 +274,17 @@ def register_index(
     dataset: str,
     *,
     description: str = "",
+    digests: bool = True,
+    block_size: int | None = None,
+    piece_size: int | None = None,
 ) -> VersionPublic:
-    """Publish the MDS dataset whose ``index.json`` is at ``index_url``, in place."""
+    """Publish the MDS dataset whose ``index.json`` is at ``index_url``, in place.
+
+    With ``digests`` (the default), shards without the digests a fast cold start needs
+    (MosaicML's writer records none) are read once each and the version records them
+    (:mod:`~shardstream.shard_builder.fast_start`); the shard files and their
+    ``index.json`` stay as they are. ``block_size`` and ``piece_size`` (bytes) default to
+    the builder's 4 MiB and 64 KiB (pieces grow with the shard: at most 1,024 a shard)."""
     from shardstream.errors import ConfigError
     from shardstream.mds import load_index
     from shardstream.storage import open_store
@@ -290,6 +299,10 @@ def register_index(
     index = load_index(store.read_bytes(name))
     if not index.shards:
         raise ConfigError(f"{index_url} lists no shards; nothing to register")
+    if digests:
+        from shardstream.shard_builder.fast_start import with_fast_start
+
+        index = with_fast_start(store, index, block_size=block_size, piece_size=piece_size)
     with DraftVersion(
         api,
         dataset,
@@ -310,11 +323,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="publish an existing MDS dataset in place (no copy)",
         description="Register the shards listed in an MDS index.json as a new published "
         "version of a dataset. The shards stay where they are; the server checks that each "
-        "exists with its recorded size.",
+        "exists with its recorded size. Shards without block, header and piece digests "
+        "(MosaicML's writer records none) are read once each, and the version records them, "
+        "so that a cold reader's first batch fetches only its samples' pieces.",
     )
     parser.add_argument("index_url", metavar="URL/index.json", help="s3://, file:// or a path")
     parser.add_argument("--dataset", required=True, help="dataset name (created if missing)")
     parser.add_argument("--description", default="", help="description for a new dataset")
+    parser.add_argument(
+        "--no-digests",
+        dest="digests",
+        action="store_false",
+        help="do not read the shards to record the block, header and piece digests a fast "
+        "cold start needs (shards without them are then fetched whole before use)",
+    )
     parser.add_argument("--server", help="server URL (default: SHARDSTREAM_SERVER)")
     parser.add_argument("--token", help="API token (default: SHARDSTREAM_TOKEN)")
     parser.set_defaults(handler=_register_command)
@@ -324,7 +346,9 @@ def _register_command(args: argparse.Namespace) -> int:
     from shardstream.api_client import APIClient
 
     with APIClient(args.server, args.token) as api:
-        version = register_index(api, args.index_url, args.dataset, description=args.description)
+        version = register_index(
+            api, args.index_url, args.dataset, description=args.description, digests=args.digests
+        )
     print(
         f"published {args.dataset} version {version.number}: {version.num_shards} shards, "
         f"{version.total_samples} samples at {version.storage_root}"

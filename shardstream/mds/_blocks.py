@@ -84,7 +84,7 @@ def digests_key(algo: str, block_size: int) -> str:
 def is_digests_key(key: str) -> bool:
     """Whether a ``hashes`` key holds block, header or piece digests (not a whole-file
     hash)."""
-    return key.startswith((_PREFIX, _HEADER_PREFIX, "pieces:"))
+    return key.startswith((_PREFIX, _HEADER_PREFIX, "pieces:", "piecetable:"))
 
 
 def is_lower_hex(text: str) -> bool:

@@ -22,6 +22,15 @@ MosaicML's reader locates samples by their offsets and never parses the header p
 so it reads such shards (``tests/mds/test_compat.py``); they are no longer byte-identical
 to ``streaming.MDSWriter``'s (``piece_size=None`` writes none). Compressed shards carry
 none, and neither do shards without a header digest.
+
+Shards written by someone else (MosaicML's writer) have no table in their header, and
+registering them must not rewrite them. ``shardstream register`` then keeps the table in
+the index itself, as the hex of its digests (16 hex digits per piece)::
+
+    "piecetable:xxh3_64:65536": "<16 hex digits per piece, concatenated>"
+
+Such a table is the index's word, like the block digests. Its piece size is chosen so the
+table holds at most :data:`INDEX_TABLE_PIECES` pieces (16 KiB of hex a shard).
 """
 
 from __future__ import annotations
@@ -47,9 +56,12 @@ from shardstream.mds._blocks import (
 __all__ = [
     "DEFAULT_PIECE_SIZE",
     "PIECES_PREFIX",
+    "PIECE_TABLE_PREFIX",
     "PieceSpec",
     "PieceTable",
     "check_piece_size",
+    "index_piece_size",
+    "index_table_entry",
     "parse_piece_spec",
     "piece_table",
     "pieces_entry",
@@ -61,6 +73,10 @@ one round trip; the table adds 8 bytes per 64 KiB (0.012 % of the shard)."""
 
 PIECE_ALGO = "xxh3_64"
 PIECES_PREFIX = "pieces:"
+PIECE_TABLE_PREFIX = "piecetable:"
+"""A piece table held in the index (registered shards), not in the shard's header."""
+INDEX_TABLE_PIECES = 1024
+"""Most pieces of a table held in the index: the piece size grows with the shard."""
 _WIDTH = 8  # bytes per xxh3_64 digest
 
 I64 = npt.NDArray[np.int64]
@@ -116,6 +132,21 @@ def pieces_entry(table: bytes, piece_size: int) -> tuple[str, str]:
     return f"{PIECES_PREFIX}{PIECE_ALGO}:{piece_size}", xxhash.xxh3_64_hexdigest(table)
 
 
+def index_piece_size(data_bytes: int, smallest: int = DEFAULT_PIECE_SIZE) -> int:
+    """The piece size of a table held in the index for ``data_bytes`` bytes of samples:
+    ``smallest``, doubled until the table has at most :data:`INDEX_TABLE_PIECES` pieces."""
+    size = smallest
+    while -(-data_bytes // size) > INDEX_TABLE_PIECES:
+        size *= 2
+    return size
+
+
+def index_table_entry(hex_digests: str, piece_size: int) -> tuple[str, str]:
+    """``(key, value)`` of the ``raw_data.hashes`` entry of a table held in the index:
+    ``hex_digests`` is the hex of every piece's ``xxh3_64`` digest, in order."""
+    return f"{PIECE_TABLE_PREFIX}{PIECE_ALGO}:{piece_size}", hex_digests
+
+
 class PieceSpec(NamedTuple):
     """Where a shard's piece table is (from its index entry alone) and its digest."""
 
@@ -124,6 +155,9 @@ class PieceSpec(NamedTuple):
     """``offsets[0]``: the header's length, where the first piece starts."""
     pieces: int
     digest: str
+    table: bytes | None = None
+    """The table itself where the index holds it (registered shards), else ``None``: the
+    table is the end of the shard's header."""
 
     @property
     def table_span(self) -> tuple[int, int]:
@@ -144,6 +178,11 @@ def parse_piece_spec(
     the file's header digest (``parse_header_digest`` of the same ``hashes``);
     :class:`FormatError` naming the field for a malformed entry."""
     found = digest_key_of(hashes, PIECES_PREFIX, "piece tables", "piece size", where)
+    listed = digest_key_of(hashes, PIECE_TABLE_PREFIX, "piece tables", "piece size", where)
+    if found is not None and listed is not None:
+        raise FormatError(f"{where}: field 'hashes' has two piece tables ({found[0]}, {listed[0]})")
+    if listed is not None:
+        return _index_table(hashes, listed, size, where, head)
     if found is None:
         return None
     key, algo, _, piece_size = found
@@ -164,10 +203,39 @@ def parse_piece_spec(
     return PieceSpec(piece_size, head.length, count, value)
 
 
+def _index_table(
+    hashes: Mapping[str, str],
+    found: tuple[str, str, int, int],
+    size: int,
+    where: str,
+    head: HeaderDigest | None,
+) -> PieceSpec:
+    """The spec of a piece table held in the index (``piecetable:`` entry)."""
+    key, algo, _, piece_size = found
+    if algo != PIECE_ALGO or head is None or piece_size < MIN_BLOCK_SIZE:
+        raise FormatError(
+            f"{where}: field 'hashes' key {key!r}: a piece table needs {PIECE_ALGO}, a piece "
+            f"size of at least {MIN_BLOCK_SIZE} and a header digest"
+        )
+    count = -(-(size - head.length) // piece_size)
+    value = hashes[key]
+    if not isinstance(value, str) or len(value) != 2 * _WIDTH * count or not is_lower_hex(value):
+        raise FormatError(
+            f"{where}: field 'hashes' entry {key!r} must be {2 * _WIDTH * count} lowercase hex "
+            f"digits ({count} pieces of {piece_size} bytes)"
+        )
+    table = bytes.fromhex(value)
+    return PieceSpec(piece_size, head.length, count, xxhash.xxh3_64_hexdigest(table), table)
+
+
 class PieceTable:
     """A shard's piece digests, read from its (verified) header bytes."""
 
     def __init__(self, spec: PieceSpec, header: Buffer, file_size: int, name: str) -> None:
+        if spec.table is not None:  # the index's own table: no part of the header
+            self.spec, self.name, self.file_size = spec, name, file_size
+            self._table = spec.table
+            return
         lo, hi = spec.table_span
         table = bytes(memoryview(header).cast("B")[lo:hi])
         if len(table) != hi - lo or xxhash.xxh3_64_hexdigest(table) != spec.digest:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -73,3 +74,47 @@ def test_a_shard_is_the_same_file_and_digests_however_its_samples_are_split(
         }
         infos.append(info)
     assert len(files) == 1 and len({json.dumps(i.raw_data.hashes) for i in infos}) == 1
+
+
+def test_a_table_held_in_the_index_is_the_same_table(tmp_path: Path) -> None:
+    """``shardstream register`` keeps a table in the index (``piecetable:``): the digests
+    of the same pieces as a header's table, parsed and checked as one; a wrong length, or
+    two tables, is one FormatError naming the entry."""
+    from shardstream.errors import CorruptShardError, FormatError
+    from shardstream.mds import MDSWriter, PieceTable, load_index
+    from shardstream.mds._blocks import BlockHasher
+    from shardstream.mds._pieces import INDEX_TABLE_PIECES, index_piece_size, index_table_entry
+
+    with MDSWriter(tmp_path, {"x": "bytes"}, block_size=8192, piece_size=4096) as writer:
+        for i in range(300):
+            writer.write({"x": bytes([i % 256]) * (50 + i)})
+    shard = load_index(tmp_path / "index.json").shards[0]
+    spec = shard.piece_spec
+    assert spec is not None and spec.table is None
+    data = (tmp_path / shard.raw_data.basename).read_bytes()
+    hasher = BlockHasher("xxh3_64", 4096)
+    hasher.update(data[spec.data_start :])
+    key, value = index_table_entry(hasher.finish().hex, 4096)
+    hashes = {k: v for k, v in shard.raw_data.hashes.items() if not k.startswith("pieces:")}
+    listed = dataclasses.replace(
+        shard, raw_data=dataclasses.replace(shard.raw_data, hashes={**hashes, key: value})
+    )
+    held = listed.piece_spec
+    assert held is not None and held.table is not None
+    assert (held.piece_size, held.data_start, held.pieces) == spec[:3]
+    from_index = PieceTable(held, b"", shard.raw_data.bytes, "s")
+    from_header = PieceTable(spec, data[: spec.data_start], shard.raw_data.bytes, "s")
+    assert from_index._table == from_header._table
+    lo, hi = from_index.span(1, 2)
+    from_index.verify(1, data[lo:hi])
+    with pytest.raises(CorruptShardError, match="piece 1"):
+        from_index.verify(1, b"\0" + data[lo + 1 : hi])
+    for bad in ({**hashes, key: value[:-16]}, {**shard.raw_data.hashes, key: value}):
+        broken = dataclasses.replace(
+            shard, raw_data=dataclasses.replace(shard.raw_data, hashes=bad)
+        )
+        with pytest.raises(FormatError, match="piece"):
+            _ = broken.piece_spec
+    assert index_piece_size(64 << 20) == 64 << 10  # 1,024 pieces
+    assert index_piece_size(256 * 10**6) == 256 << 10
+    assert -(-(256 * 10**6) // index_piece_size(256 * 10**6)) <= INDEX_TABLE_PIECES
