@@ -23,6 +23,7 @@ import torch.utils.data
 from shardstream.client.batch import ColumnSpec, numpy_allocator
 from shardstream.client.distributed import Topology, current_worker
 from shardstream.client.footprint import CacheFootprint, compute_footprint, warn_if_too_small
+from shardstream.client.input_stats import InputMeter, InputStats, ProcessCounters
 from shardstream.client.options import (
     CacheOptions,
     DecodeOptions,
@@ -135,6 +136,7 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         self._slot: tuple[int, int] | None = None
         self._resume: ReaderState | None = None
         self._size_checked = False
+        self._meter: InputMeter | None = None  # made by the first in-process iteration
 
     # -- epochs -------------------------------------------------------------------------
 
@@ -187,7 +189,12 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         self._next = start
         try:
             alloc = shared_allocator if worker.in_worker else numpy_allocator
-            for b, batch in self.stream.batches(epoch, start, n, alloc=alloc):
+            batches = self.stream.batches(epoch, start, n, alloc=alloc)
+            if not worker.in_worker:  # the training loop iterates here: time its waits
+                if self._meter is None:
+                    self._meter = InputMeter(ProcessCounters(lambda: self.stream.read_stats))
+                batches = self._meter.timed(batches)
+            for b, batch in batches:
                 # Advance before yielding: a state taken while the consumer holds this
                 # batch must count it (torchdata snapshots right after the yield).
                 self._next = b + n
@@ -196,6 +203,25 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             self.stream.close(finish_fills_s=FINISH_FILLS_S)  # the epoch ended: keep its fills
         finally:
             self.stream.close()
+
+    def stats(self) -> InputStats:
+        """This process's input figures when the dataset is iterated in it (directly, or by
+        a ``DataLoader`` with ``num_workers=0``): the loop's data wait beside its step,
+        batch-ready latency, storage and cache figures, and the verdict. Iterated by a
+        ``DataLoader``'s worker processes, the main process sees none of it: use
+        :class:`~shardstream.client.ShardstreamLoader`, which measures its workers."""
+        if self._meter is None:
+            raise ConfigError(
+                "no input figures: this dataset was not iterated in this process yet (a "
+                "DataLoader's workers measure in their own processes; ShardstreamLoader "
+                "collects them)"
+            )
+        return self._meter.stats()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_meter"] = None  # this process's clocks and counters stay here
+        return state
 
     def _start_position(self, w: int, n: int) -> tuple[int, int]:
         resume, self._resume = self._resume, None

@@ -5,12 +5,14 @@ transform a CPU-bound one (the rule is in :mod:`shardstream.client.input_stats`)
 from __future__ import annotations
 
 import logging
+import pickle
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import torch.utils.data
 
 from shardstream.api_client import APIClient
 from shardstream.client import (
@@ -217,3 +219,15 @@ def test_commits_carry_each_windows_figures_to_the_server(
     assert rank.total.batches == 14 and rank.latest.batches == 5
     assert rank.total.batches <= stats.batches
     assert rank.total.cache_misses + rank.total.cache_hits > 0
+
+
+def test_a_dataset_iterated_in_process_measures_too(tokens_dir: Path, tmp_path: Path) -> None:
+    ds = StreamingDataset(str(tokens_dir), 8, cache=CacheOptions(dir=tmp_path / "cache"))
+    with pytest.raises(ConfigError, match="not iterated in this process"):
+        ds.stats()
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0)
+    for _ in loader:
+        time.sleep(0.002)
+    stats = ds.stats()
+    assert stats.batches == len(ds) - 1 and stats.step_s > 0 and stats.verdict != "unknown"
+    pickle.loads(pickle.dumps(ds))  # a DataLoader with spawned workers pickles it
