@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from shardstream.client.image_decode import ImageDecoder
+from shardstream.client.plan._weights import MixtureSchedule
 from shardstream.errors import ConfigError
 
 __all__ = [
@@ -87,6 +88,10 @@ class PlanOptions:
     per partition (``None``: that default). ``epoch_size`` is the
     number of samples per epoch over all sources; the weighted ones share what the
     ``repeat``/``samples`` sources leave (``None``: the weighted sources' own total).
+    ``schedule`` makes the sources' weights a function of the global step
+    (:class:`~shardstream.client.plan.MixtureSchedule`, one weight per source and phase;
+    the sources then set no weight, repeat or samples of their own); see
+    docs/training.md "Mixture schedules".
     """
 
     shuffle: bool = True
@@ -95,6 +100,7 @@ class PlanOptions:
     num_partitions: int | None = None
     window: int | None = None
     epoch_size: int | None = None
+    schedule: MixtureSchedule | None = None
 
     def __post_init__(self) -> None:
         if self.tail not in ("drop", "pad"):
@@ -105,6 +111,9 @@ class PlanOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"PlanOptions.{name} must be >= 1, got {value}")
+        if self.schedule is not None and not isinstance(self.schedule, MixtureSchedule):
+            kind = type(self.schedule).__name__
+            raise ConfigError(f"PlanOptions.schedule must be a MixtureSchedule, got {kind}")
 
 
 @dataclass(frozen=True)

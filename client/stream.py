@@ -27,9 +27,10 @@ from shardstream.client.memory_need import window_need_bytes
 from shardstream.client.memory_source import block_size_of
 from shardstream.client.options import CacheOptions, PackOptions, PlanOptions
 from shardstream.client.packed import Packer
-from shardstream.client.plan import PLAN_ALGORITHM, EpochPlan, PlanConfig, SourceSpec
+from shardstream.client.plan import PLAN_ALGORITHM, PlanConfig, SourceSpec
 from shardstream.client.plan._defaults import adopt_saved, default_shape
 from shardstream.client.plan._fingerprint import plan_fingerprint
+from shardstream.client.plan._scheduled import AnyPlan, check_schedule, make_plan
 from shardstream.client.sample_transform import SampleStage, SampleTransform
 from shardstream.client.source import ResolvedSource
 from shardstream.client.state import ReaderState
@@ -101,6 +102,11 @@ class BatchStream:
             )
             for src in self.sources
         ]
+        if plan.schedule is not None:
+            try:
+                check_schedule(plan.schedule, self._specs)
+            except PlanError as exc:
+                raise ConfigError(f"PlanOptions.schedule: {exc}") from exc
         # The options, else a fresh run's defaults; a resume adopts the saved ones (accept).
         parts, window = default_shape(
             batch_size * topology.world_size, topology.world_size, self._specs
@@ -110,7 +116,7 @@ class BatchStream:
         self.config = self._config(parts, plan.window or window)
         self._shard_bytes = [info.raw_data.bytes for src in self.sources for info in src.shards]
         self._shard_samples = [info.samples for src in self.sources for info in src.shards]
-        self._plan: EpochPlan | None = None
+        self._plan: AnyPlan | None = None
         self._fingerprint: tuple[PlanConfig, str] | None = None
         self.changes: tuple[Mapping[str, Any], ...] = ()
         """Order changes a resume accepted (``allow_changes``), carried by every state."""
@@ -159,7 +165,9 @@ class BatchStream:
     def fingerprint(self) -> str:
         """:attr:`EpochPlan.fingerprint` of this stream's plans (the same for every epoch)."""
         if self._fingerprint is None or self._fingerprint[0] != self.config:
-            digest = plan_fingerprint(PLAN_ALGORITHM, self.config, self._specs)
+            digest = plan_fingerprint(
+                PLAN_ALGORITHM, self.config, self._specs, self.options.schedule
+            )
             self._fingerprint = (self.config, digest)
         return self._fingerprint[1]
 
@@ -195,14 +203,16 @@ class BatchStream:
         params["mixture"] = [
             [src.source.weight, src.source.repeat, src.source.samples] for src in self.sources
         ]
+        if self.options.schedule is not None:  # absent without one, like "pack"
+            params["schedule"] = self.options.schedule.to_params()
         if self.packer is not None:  # absent without packing: earlier states still match
             params["pack"] = self.packer.params()
         return params
 
-    def plan(self, epoch: int) -> EpochPlan:
-        """The (cached) plan of ``epoch``."""
+    def plan(self, epoch: int) -> AnyPlan:
+        """The (cached) plan of ``epoch`` (a scheduled one under a mixture schedule)."""
         if self._plan is None or self._plan.epoch != epoch:
-            self._plan = EpochPlan(sources=self._specs, config=self.config, epoch=epoch)
+            self._plan = make_plan(self._specs, self.config, epoch, self.options.schedule)
         return self._plan
 
     def num_batches(self, epoch: int) -> int:
@@ -299,7 +309,7 @@ class BatchStream:
             )
             yield out
 
-    def _sparse_shards(self, plan: EpochPlan) -> tuple[set[int], set[int]]:
+    def _sparse_shards(self, plan: AnyPlan) -> tuple[set[int], set[int]]:
         """Shards this rank reads so few samples of that filling them whole would waste
         the link: ``(read by block, read by piece)``, neither filled.
 
@@ -408,7 +418,7 @@ class BatchStream:
 
 
 def _planned(
-    plan: EpochPlan, rank: int, world: int, start: int, *, step: int, max_chunk: int
+    plan: AnyPlan, rank: int, world: int, start: int, *, step: int, max_chunk: int
 ) -> Iterator[tuple[list[int], np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
     """``(batch numbers, ids, shard, index in shard)`` of chunks of batches ``start, start +
     step, ...``, each array shaped ``(len(chunk), rank batch size)``.

@@ -11,5 +11,17 @@ See ``docs/plan.md`` for the algorithm and why each property holds.
 
 from shardstream.client.plan._config import PlanConfig, SourceSpec, Tail
 from shardstream.client.plan._epoch import PLAN_ALGORITHM, EpochPlan
+from shardstream.client.plan._scheduled import ScheduledPlan, make_plan
+from shardstream.client.plan._weights import MixtureSchedule, Phase
 
-__all__ = ["PLAN_ALGORITHM", "EpochPlan", "PlanConfig", "SourceSpec", "Tail"]
+__all__ = [
+    "PLAN_ALGORITHM",
+    "EpochPlan",
+    "MixtureSchedule",
+    "Phase",
+    "PlanConfig",
+    "ScheduledPlan",
+    "SourceSpec",
+    "Tail",
+    "make_plan",
+]

@@ -44,6 +44,7 @@ applied to a plan whose order was computed differently. Bump on any change of ou
 _TAG_SPANS = 11
 _TAG_BLOCKS = 12
 _TAG_STAGGER = 13
+_TAG_SEGMENT = 14
 _DEFAULT_WINDOW_SHARDS = 8
 _CHUNK = 32  # batches computed together by rank_batch
 _RUNS_KEPT = 4
@@ -66,15 +67,47 @@ class EpochPlan:
         self.config = config
         self.epoch = int(epoch)
         self.sources = tuple(sources)
-        sizes = np.concatenate([s.shard_sizes for s in self.sources])
-        self.shard_sizes: I64 = sizes
-        self.shard_starts: I64 = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
-        self.source_shard_offsets: I64 = np.cumsum([0] + [s.shard_sizes.size for s in sources])
+        self.shard_sizes: I64
+        self.shard_starts: I64
+        self.source_shard_offsets: I64
+        self._set_shards()
         self.source_totals = source_totals(self.sources, config)
         spans = build_spans(self.sources, config, self.epoch, self.source_totals)
+        self._lay_out(spans, derive_key(config.seed, self.epoch, _TAG_SPANS), salt=())
+
+    @classmethod
+    def segment(
+        cls,
+        sources: Sequence[SourceSpec],
+        config: PlanConfig,
+        epoch: int,
+        spans: SpanTable,
+        *,
+        index: int,
+        totals: Sequence[int],
+    ) -> EpochPlan:
+        """The plan of one segment of a scheduled epoch (:mod:`._scheduled`): ``spans``
+        are the segment's items, laid out, partitioned and mixed like a whole epoch's with
+        keys of their own (``index``)."""
+        plan = cls.__new__(cls)
+        plan.config, plan.epoch, plan.sources = config, int(epoch), tuple(sources)
+        plan._set_shards()
+        plan.source_totals = list(totals)
+        salt = (_TAG_SEGMENT, index)
+        plan._lay_out(spans, derive_key(config.seed, plan.epoch, _TAG_SPANS, *salt), salt=salt)
+        return plan
+
+    def _set_shards(self) -> None:
+        sizes = np.concatenate([s.shard_sizes for s in self.sources])
+        self.shard_sizes = sizes
+        self.shard_starts = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+        self.source_shard_offsets = np.cumsum([0] + [s.shard_sizes.size for s in self.sources])
+
+    def _lay_out(self, spans: SpanTable, span_key: int, salt: tuple[int, ...]) -> None:
+        """Permute ``spans`` (the epoch's items), cut the tail, size partitions and window."""
+        config = self.config
         if config.shuffle and len(spans) > 1:
-            key = derive_key(config.seed, self.epoch, _TAG_SPANS)
-            order = permute(np.arange(len(spans)), len(spans), key)
+            order = permute(np.arange(len(spans)), len(spans), span_key)
             spans = SpanTable(
                 spans.shard[order], spans.size[order], spans.rot[order], spans.key[order]
             )
@@ -99,8 +132,8 @@ class EpochPlan:
         self.window = int(min(window, self.partition_size))
         # Two staggered grids of half-window blocks: see _mixing.
         self.block = max(1, -(-self.window // 2))
-        self._block_key = derive_key(config.seed, self.epoch, _TAG_BLOCKS)
-        self._stagger_key = derive_key(config.seed, self.epoch, _TAG_STAGGER)
+        self._block_key = derive_key(config.seed, self.epoch, _TAG_BLOCKS, *salt)
+        self._stagger_key = derive_key(config.seed, self.epoch, _TAG_STAGGER, *salt)
         self._runs: dict[tuple[int, int, int], I64] = {}
 
     # ---- sizes -------------------------------------------------------------------------

@@ -9,17 +9,29 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from shardstream.client.plan._config import PlanConfig, SourceSpec
 
+if TYPE_CHECKING:
+    from shardstream.client.plan._weights import MixtureSchedule
 
-def plan_fingerprint(algorithm: int, config: PlanConfig, sources: Sequence[SourceSpec]) -> str:
-    """sha256 (first 32 hex digits) of the algorithm version, the config, and every
-    source's name/version, mixture setting and shard sizes."""
+
+def plan_fingerprint(
+    algorithm: int,
+    config: PlanConfig,
+    sources: Sequence[SourceSpec],
+    schedule: MixtureSchedule | None = None,
+) -> str:
+    """sha256 (first 32 hex digits) of the algorithm version, the config, every source's
+    name/version, mixture setting and shard sizes, and the mixture schedule if any (a plan
+    without one hashes as it always did)."""
     h = hashlib.sha256(f"{algorithm}:{config!r}".encode())
     for s in sources:
         h.update(repr((s.name, s.weight, s.repeat, s.count)).encode())
         h.update(np.ascontiguousarray(s.shard_sizes, dtype="<i8").tobytes())
+    if schedule is not None:
+        h.update(b"schedule:" + repr(schedule.to_params()).encode())
     return h.hexdigest()[:32]

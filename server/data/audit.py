@@ -86,7 +86,7 @@ class _Sizes:
 
 def _plan_factory(session: Session, params: dict[str, Any], versions: list[str]) -> Any:
     """``epoch -> EpochPlan`` for a state's plan parameters over the server's shard sizes."""
-    from shardstream.client.plan import EpochPlan, PlanConfig, SourceSpec
+    from shardstream.client.plan import MixtureSchedule, PlanConfig, SourceSpec, make_plan
 
     fields = ("seed", "global_batch_size", "num_partitions", "shuffle", "tail", "window")
     config = PlanConfig(
@@ -117,7 +117,8 @@ def _plan_factory(session: Session, params: dict[str, Any], versions: list[str])
                 name=str(version),
             )
         )
-    return lambda epoch: EpochPlan(sources=specs, config=config, epoch=epoch)
+    schedule = MixtureSchedule.from_params(params.get("schedule"))
+    return lambda epoch: make_plan(specs, config, epoch, schedule)
 
 
 def _points(session: Session, run_id: int) -> Iterator[_Point]:
