@@ -38,6 +38,9 @@ BATCH = 32
 WORKERS = 2
 OURS = "shardstream ShardstreamLoader"
 OURS_DL = "shardstream + torch DataLoader"
+OURS_NO_STATS = "shardstream ShardstreamLoader stats=off"
+"""The loader without its input figures (issue 27): their cost is the difference, run for
+run in the same repeats."""
 SHARD_BYTES = 64 << 20
 
 
@@ -158,20 +161,20 @@ def rows_of(batch: Any) -> int:
     return int(batch["tokens"].shape[0])
 
 
-def ours_loader(url: str, cache: Path, *, workers: int = WORKERS) -> Any:
+def ours_loader(url: str, cache: Path, *, workers: int = WORKERS, stats: bool = True) -> Any:
     from shardstream.client import CacheOptions, PlanOptions, ShardstreamLoader, StreamingDataset
 
     ds = StreamingDataset(
         url, BATCH, plan=PlanOptions(shuffle=True, seed=0), cache=CacheOptions(dir=cache)
     )
-    return ShardstreamLoader(ds, num_workers=workers)
+    return ShardstreamLoader(ds, num_workers=workers, stats=stats)
 
 
-def run_ours(url: str, cache: Path) -> tuple[float, float, int]:
+def run_ours(url: str, cache: Path, *, stats: bool = True) -> tuple[float, float, int]:
     holder: list[Any] = []
 
     def make() -> Iterator[Any]:
-        holder.append(ours_loader(url, cache))
+        holder.append(ours_loader(url, cache, stats=stats))
         return iter(holder[-1])
 
     try:
@@ -283,7 +286,7 @@ def main() -> int:
     results: dict[tuple[str, str], tuple[float, float, int]] = {}
 
     def record(name: str, mode: str, run: Callable[[], tuple[float, float, int]]) -> None:
-        if args.only_ours and name not in (OURS, OURS_DL):
+        if args.only_ours and name not in (OURS, OURS_DL, OURS_NO_STATS):
             return
         try:
             got = run()
@@ -305,6 +308,7 @@ def main() -> int:
         record("LitData StreamingDataset", "warm", lambda: run_litdata(str(paths["litdata"]), None))
         for _ in range(args.repeats):
             record(OURS, "warm", lambda: run_ours(ours_url, warm_cache))
+            record(OURS_NO_STATS, "warm", lambda: run_ours(ours_url, warm_cache, stats=False))
             record(OURS_DL, "warm", lambda: run_ours_dataloader(ours_url, warm_cache))
             record("MosaicML StreamingDataset", "warm", lambda: run_mosaic(None, paths["mosaic"]))
             record(
@@ -319,6 +323,9 @@ def main() -> int:
                 mosaic_s3 = moto.upload(paths["mosaic"], "mosaic") if peers else ""
                 lit_s3 = moto.upload(paths["litdata"], "litdata") if peers else ""
                 record(OURS, "cold S3", lambda: run_ours(ours_s3, work / "c1"))
+                record(
+                    OURS_NO_STATS, "cold S3", lambda: run_ours(ours_s3, work / "c4", stats=False)
+                )
                 record(
                     "MosaicML StreamingDataset",
                     "cold S3",
@@ -339,15 +346,15 @@ def main() -> int:
         f"{os.cpu_count()} CPUs"
     )
     print(
-        f"{'reader':34} {'mode':8} {'samples/s':>11} {'first batch':>12} {'shardstream / this':>19}"
+        f"{'reader':40} {'mode':8} {'samples/s':>11} {'first batch':>12} {'shardstream / this':>19}"
     )
     for (name, mode), (sps, ttfb, n) in results.items():
         ours = results.get((OURS, mode))
         ratio = f"{ours[0] / sps:.1f}x" if ours else "-"
         assert n == args.samples, f"{name} {mode} read {n} samples"
-        print(f"{name:34} {mode:8} {sps:11,.0f} {ttfb:11.3f}s {ratio:>19}")
+        print(f"{name:40} {mode:8} {sps:11,.0f} {ttfb:11.3f}s {ratio:>19}")
     print(
-        f"{'page-cache read of the shard files':34} {'limit':8} {rate / sample_bytes:11,.0f} "
+        f"{'page-cache read of the shard files':40} {'limit':8} {rate / sample_bytes:11,.0f} "
         f"{'':>12} {'(' + format(rate / 1e9, '.2f') + ' GB/s)':>19}"
     )
     print(f"\nfirst batch, fresh start:       {fresh:.3f}s")
