@@ -26,6 +26,10 @@ class StateDictResume:
     attempt_dir: str
     step: int
     world_size: int
+    # The step of the model checkpoint the trainer restored, given to the loader as
+    # ``load_state_dict(state, step=...)`` so the run's ledger checks the pair (None: not
+    # given). Another step than ``step`` is a model restored beside another step's data.
+    model_step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,13 @@ class DataSettings:
     # A .npy of every sample's tokens by global id: each batch is checked against it
     # (datasets without the harness's own ``id`` column, e.g. one from the text builder).
     expected_tokens: str | None = None
+    # More sources after ``source`` (a mixture), the PlanOptions.epoch_size, a mixture
+    # schedule (MixtureSchedule.to_params()) and read-time packing (PackOptions fields):
+    # with packing every step's packed rows are logged too (records.rows_log_path).
+    more_sources: list[str] = field(default_factory=list)
+    epoch_size: int | None = None
+    schedule: list[dict[str, object]] | None = None
+    pack: dict[str, object] | None = None
 
 
 @dataclass(frozen=True)

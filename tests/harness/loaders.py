@@ -77,6 +77,19 @@ def batch_ids(batch: Any, expected: npt.NDArray[Any] | None = None) -> IdArray:
     return ids
 
 
+def packed_rows(batch: Any) -> IdArray | None:
+    """A packed batch's rows as one int64 per position, ``token << 16 | position`` (row
+    major), or None for a batch that is not packed: what says two runs packed alike."""
+    if not isinstance(batch, Mapping) or "input_ids" not in batch:
+        return None
+    tokens = _as_int64(batch["input_ids"])
+    positions = _as_int64(batch["position_ids"])
+    if positions.size and int(positions.max()) >= 1 << 16:
+        raise AssertionError("position ids past 65535: the rows log cannot hold them")
+    out: IdArray = (tokens << 16) | positions
+    return out
+
+
 def _as_int64(values: Any) -> IdArray:
     if isinstance(values, torch.Tensor):
         values = values.numpy()
@@ -87,18 +100,28 @@ def _build_shardstream_loader(cfg: TrainerConfig, rank: int, world_size: int) ->
     """The real loader (rank and world size reach it through ``torch.distributed``)."""
     from shardstream.client.dataset import StreamingDataset
     from shardstream.client.loader import ShardstreamLoader
-    from shardstream.client.options import CacheOptions, DecodeOptions, PlanOptions, ServerOptions
+    from shardstream.client.options import (
+        CacheOptions,
+        DecodeOptions,
+        PackOptions,
+        PlanOptions,
+        ServerOptions,
+    )
+    from shardstream.client.plan import MixtureSchedule
 
     data = cfg.data
     dataset = StreamingDataset(
-        data.source,
+        [data.source, *data.more_sources],
         batch_size=data.global_batch_size // world_size,
         plan=PlanOptions(
             shuffle=data.shuffle,
             seed=data.seed,
             num_partitions=data.num_partitions,
             window=data.window,
+            epoch_size=data.epoch_size,
+            schedule=MixtureSchedule.from_params(data.schedule),
         ),
+        pack=None if data.pack is None else PackOptions(**data.pack),  # type: ignore[arg-type]
         cache=CacheOptions(
             dir=None if data.cache_dir is None else Path(data.cache_dir),
             limit_bytes=data.cache_limit_bytes,

@@ -36,6 +36,12 @@ def log_path(attempt_dir: Path, rank: int) -> Path:
     return attempt_dir / f"samples.rank{rank}.log"
 
 
+def rows_log_path(attempt_dir: Path, rank: int) -> Path:
+    """The packed-rows log of ``rank`` (runs with read-time packing; same line format, the
+    "ids" being :func:`tests.harness.loaders.packed_rows`)."""
+    return attempt_dir / f"rows.rank{rank}.log"
+
+
 def checkpoint_path(attempt_dir: Path, step: int, rank: int) -> Path:
     """The loader checkpoint that ``rank`` wrote after ``step``."""
     return attempt_dir / "ckpt" / f"step{step:06d}.rank{rank}.pt"
@@ -108,9 +114,11 @@ class AttemptLog:
     ranks: tuple[dict[int, IdArray], ...]
 
     @classmethod
-    def read(cls, attempt_dir: Path, world_size: int) -> AttemptLog:
-        """Read the logs of ranks ``0 .. world_size - 1`` from ``attempt_dir``."""
-        ranks = tuple(read_step_log(log_path(attempt_dir, r)) for r in range(world_size))
+    def read(cls, attempt_dir: Path, world_size: int, *, rows: bool = False) -> AttemptLog:
+        """Read the logs of ranks ``0 .. world_size - 1`` from ``attempt_dir`` (the
+        packed-rows logs with ``rows``)."""
+        path = rows_log_path if rows else log_path
+        ranks = tuple(read_step_log(path(attempt_dir, r)) for r in range(world_size))
         return cls(attempt_dir=attempt_dir, world_size=world_size, ranks=ranks)
 
     def steps(self, rank: int) -> list[int]:

@@ -28,13 +28,14 @@ import torch
 import torch.distributed as dist
 
 from tests.harness.config import TrainerConfig
-from tests.harness.loaders import batch_ids, build_loader
+from tests.harness.loaders import batch_ids, build_loader, packed_rows
 from tests.harness.records import (
     StepLogWriter,
     checkpoint_path,
     done_path,
     load_checkpoint,
     log_path,
+    rows_log_path,
     save_checkpoint,
 )
 
@@ -63,8 +64,15 @@ def run(cfg: TrainerConfig, rank: int, world_size: int) -> None:
         )
         if ckpt["step"] != old.step:
             raise RuntimeError(f"checkpoint file says step {ckpt['step']}, expected {old.step}")
-        loader.load_state_dict(ckpt["loader"])
-        step = old.step
+        if old.model_step is None:
+            loader.load_state_dict(ckpt["loader"])
+            step = old.step
+        else:
+            from shardstream.client.loader import ShardstreamLoader
+
+            assert isinstance(loader, ShardstreamLoader), "model_step needs the real loader"
+            loader.load_state_dict(ckpt["loader"], step=old.model_step)
+            step = old.model_step
     elif cfg.resume_server is not None:
         # The loader loaded the committed state when it was built; its position in global
         # batches is the step this one-epoch loop resumes after.
@@ -75,11 +83,15 @@ def run(cfg: TrainerConfig, rank: int, world_size: int) -> None:
 
     table = None if cfg.data.expected_tokens is None else np.load(cfg.data.expected_tokens)
     log = StepLogWriter(log_path(attempt, rank))
+    rows_log = StepLogWriter(rows_log_path(attempt, rank)) if cfg.data.pack else None
     try:
         for batch in loader:
             step += 1
             ids = batch_ids(batch, table)
             _sync(_STEP, step, len(ids), world_size)
+            rows = packed_rows(batch)
+            if rows_log is not None and rows is not None:
+                rows_log.append(step, rows)  # before the ids: a logged step has its rows
             log.append(step, ids)
             if cfg.step_sleep_s:
                 time.sleep(cfg.step_sleep_s)
@@ -102,6 +114,8 @@ def run(cfg: TrainerConfig, rank: int, world_size: int) -> None:
         _sync(_END, step, 0, world_size)
     finally:
         log.close()
+        if rows_log is not None:
+            rows_log.close()
         loader.close()
     done_path(attempt, rank).write_text(f"{step}\n")
 
