@@ -47,7 +47,10 @@ class RayOptions:
     proxy settings to the workers (they upload the shards), ``startup_timeout_s`` is how
     long to wait for the workers to be placed. ``retries`` is how many times a build that
     lost a worker or a node resumes by itself from its journal, on the nodes left, before
-    it stops with the error.
+    it stops with the error: one loss spends one retry. Before each retry the build waits,
+    at most ``node_loss_wait_s``, until Ray has declared dead every node of the attempt
+    that no longer answers (Ray's health checks take ~30 s by default), so that no worker
+    of the retry is placed on a lost node.
 
     Example::
 
@@ -59,6 +62,7 @@ class RayOptions:
     forward_env: bool = True
     startup_timeout_s: float = 120.0
     retries: int = 2
+    node_loss_wait_s: float = 90.0
 
     def __post_init__(self) -> None:
         if not self.address:
@@ -67,6 +71,8 @@ class RayOptions:
             raise ConfigError(f"workers must be at least 1, got {self.workers}")
         if self.retries < 0:
             raise ConfigError(f"retries must be 0 or more, got {self.retries}")
+        if self.node_loss_wait_s < 0:
+            raise ConfigError(f"node_loss_wait_s must be 0 or more, got {self.node_loss_wait_s}")
 
 
 def import_ray() -> Any:

@@ -51,11 +51,13 @@ def build_on_pool(
     stats: list[WorkerStats] = []
     timings: dict[str, float] = {}
     journals: list[Any] = []  # the attempt's journal: shards it took past the first gap
+    nodes: set[str] = set()  # the nodes the attempt's workers ran on
 
     def produce(job: J) -> T:
         journals[:] = [getattr(job, "journal", None)]
         started = time.perf_counter()
         with worker_pool(ray, config, options) as pool:
+            nodes.update(pool.nodes)
             timings["workers_start_s"] = time.perf_counter() - started
             out = drive(job, pool)
             stats.extend(pool.stats())
@@ -76,6 +78,8 @@ def build_on_pool(
                 attempt + 2,
                 options.retries + 1,
             )
+            wait_for_lost_nodes(ray, nodes, options.node_loss_wait_s)
+            nodes.clear()
     later = getattr(journals[0], "reused_later", 0) if journals else 0
     return replace(
         result,
@@ -85,12 +89,62 @@ def build_on_pool(
     )
 
 
-class WorkerPool:
-    """The build's worker actors (one CPU each), spread over the cluster's nodes."""
+def wait_for_lost_nodes(ray: Any, nodes: set[str], budget_s: float) -> None:
+    """Until each of ``nodes`` runs a task (it is alive: only a worker was lost) or Ray has
+    declared it dead, at most ``budget_s``: a retry started at once would still see a lost
+    node alive (Ray's health checks take their time) and place a worker on it, which then
+    fails too and spends another retry."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    def __init__(self, ray: Any, actors: list[Any]) -> None:
+    ping = ray.remote(num_cpus=0, max_retries=0)(_ping)
+    pending = {
+        ping.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(): n
+        for n in nodes
+    }
+    declared: list[str] = []
+    failed: set[Any] = set()  # pings that could not run: their node is gone, once Ray says so
+    deadline = time.monotonic() + budget_s
+    while pending and time.monotonic() < deadline:
+        if waiting := [ref for ref in pending if ref not in failed]:
+            ready, _ = ray.wait(waiting, num_returns=len(waiting), timeout=0.5)
+        else:
+            ready = []
+            time.sleep(0.5)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except Exception:  # could not run there: wait until Ray declares the node dead
+                failed.add(ref)
+            else:
+                pending.pop(ref)  # it ran: the node is alive (only a worker was lost)
+        dead = {n["NodeID"] for n in ray.nodes() if not n["Alive"]}
+        for ref, node in list(pending.items()):
+            if node in dead:
+                pending.pop(ref)
+                declared.append(node[:8])
+    if declared:
+        log.info("Ray declared the lost node(s) dead: %s", ", ".join(sorted(declared)))
+    if pending:
+        log.warning(
+            "Ray still counts node(s) %s alive after %.0f s though they do not answer; "
+            "resuming anyway",
+            ", ".join(sorted(n[:8] for n in pending.values())),
+            budget_s,
+        )
+
+
+def _ping() -> None:
+    """A task that only shows its node runs tasks."""
+
+
+class WorkerPool:
+    """The build's worker actors (one CPU each), spread over the cluster's nodes; ``nodes``
+    holds the Ray node each runs on."""
+
+    def __init__(self, ray: Any, actors: list[Any], nodes: list[str]) -> None:
         self._ray = ray
         self.actors = actors
+        self.nodes = nodes
         self._busy: dict[Any, int] = {}  # pending result -> actor number
 
     def __len__(self) -> int:
@@ -196,7 +250,9 @@ def worker_pool(ray: Any, config: OutputOptions, options: RayOptions) -> Iterato
     pool: WorkerPool | None = None
     try:
         actors = _started(ray, actors, options, cpus)
-        pool = WorkerPool(ray, actors)
+        with translate_errors(ray):
+            nodes = ray.get([actor.node_id.remote() for actor in actors])
+        pool = WorkerPool(ray, actors, nodes)
         yield pool
     finally:
         if pool is not None:

@@ -156,6 +156,12 @@ class BuildWorker:
         """Node address and process id (also: answers once the actor is up)."""
         return self._name
 
+    def node_id(self) -> str:
+        """The Ray node this actor runs on (hex)."""
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
     def tokenize(self, task: ChunkTask) -> tuple[TokenCount, npt.NDArray[Any]]:
         """Tokenize one chunk: its counts (for the driver) and its tokens (stay here)."""
         started = time.perf_counter()
