@@ -468,14 +468,16 @@ a larger output still works, pickled through the pipe like torch's DataLoader do
 
 
 def _slot_bytes(dataset: StreamingDataset) -> int:
-    """Bytes one batch of fixed-size columns (and sample ids) needs, with alignment."""
+    """Bytes one batch of fixed-size columns (and sample ids) needs, with alignment, and
+    its packed rows with read-time packing (built in the same slot after the documents)."""
     stream = dataset.stream
     shard = stream.sources[0].shards[0]
     sizes = dict(zip(shard.column_names, shard.column_sizes, strict=True))
     per_sample = sum(sizes[name] or 0 for name in stream.spec.fixed) + 8
     if stream.samples is not None:  # the transform's output size is unknown until it runs
         per_sample = max(per_sample, TRANSFORMED_SAMPLE_BYTES)
-    return stream.batch_size * per_sample + 64 * (len(stream.spec.names) + 1)
+    packed = 0 if stream.packer is None else stream.packer.batch_bytes()  # built after
+    return stream.batch_size * per_sample + 64 * (len(stream.spec.names) + 1) + packed
 
 
 def _image_stage(dataset: StreamingDataset, device: str | torch.device) -> ImageStage:

@@ -47,6 +47,7 @@ class Packer:
         self.batch_size = batch_size
         self.group = options.group or batch_size
         self._check_group(batch_size)
+        self._token_bytes = _encoded_itemsize(spec.encodings[options.column])
 
     def _check_group(self, batch_size: int) -> None:
         if batch_size % self.group:
@@ -69,6 +70,15 @@ class Packer:
             "column": o.column,
             "mask": self.mask,
         }
+
+    def batch_bytes(self) -> int:
+        """Room one packed rank batch takes in a loader's shared-memory slot: ``rows`` per
+        group (``None``: one row per document, the most a group of documents no longer
+        than ``seq_len`` needs), each ``seq_len`` of tokens, positions, doc ids and mask.
+        A batch that needs more still works: its arrays travel pickled."""
+        rows = (self.options.rows or self.group) * (self.batch_size // self.group)
+        per_token = self._token_bytes + 4 + 4 + (1 if self.mask is not None else 0)
+        return rows * self.options.seq_len * per_token + 64 * len(PACKED_KEYS)
 
     def adopt(self, saved: Mapping[str, Any] | None) -> None:
         """A resume keeps the saved group unless the user fixed one (the default group is
@@ -125,6 +135,15 @@ class Packer:
         if SAMPLE_ID in batch:
             out[SAMPLE_ID] = batch[SAMPLE_ID]
         return out
+
+
+def _encoded_itemsize(encoding: str) -> int:
+    """Bytes per token of an ``ndarray[:dtype[:shape]]`` column (8 if it names none)."""
+    parts = encoding.split(":")
+    try:
+        return np.dtype(parts[1]).itemsize if len(parts) > 1 else 8
+    except TypeError:
+        return 8
 
 
 def _documents(value: Any) -> list[npt.NDArray[Any]]:

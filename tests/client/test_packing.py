@@ -252,3 +252,28 @@ def test_bad_pack_options_are_one_clear_error(documents: Path, tmp_path: Path) -
         _dataset(documents, tmp_path / "c", 1, 0, PackOptions(seq_len=8, group=5))
     with pytest.raises(ConfigError, match="'text' is not a column"):
         _dataset(documents, tmp_path / "c", 1, 0, PackOptions(seq_len=8, column="text"))
+
+
+def _in_ring(loader: ShardstreamLoader, tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` lies in the worker's shared-memory ring (not pickled memory)."""
+    ring = loader._workers[0].ring
+    offset = tensor.untyped_storage().data_ptr() - ring._addr
+    return 0 <= offset < ring.slots * ring.slot_bytes
+
+
+@pytest.mark.parametrize("rows", [3, None])
+def test_packed_batches_travel_through_the_loaders_shared_memory(
+    documents: Path, tmp_path: Path, rows: int | None
+) -> None:
+    pack = PackOptions(seq_len=64, rows=rows, group=4, method="first_fit")
+    cache = tmp_path / "c"
+    want = _global_rows(documents, cache, 1, pack)
+    keys = ("input_ids", "position_ids", "doc_ids", "loss_mask")
+    with ShardstreamLoader(_dataset(documents, cache, 1, 0, pack), num_workers=1) as loader:
+        got, placed = [], []
+        for batch in loader:
+            placed.append(all(_in_ring(loader, batch[k]) for k in keys))
+            got.append({k: batch[k].numpy().copy() for k in (*keys, "sample_id")})
+            del batch
+    _assert_same(want, got)
+    assert all(placed), f"{placed.count(False)} of {len(placed)} packed batches were pickled"
