@@ -91,14 +91,14 @@ class Settings(BaseSettings):
         default=64, ge=0, le=100_000, description="requests of one token in flight (0: off)"
     )
     token_busy_s: float = Field(
-        default=8.0,
+        default=0.5,
         ge=0,
         le=100_000,
-        description="seconds of server time per second one token's requests may use on "
-        "average (0: off)",
+        description="share of a server process one token's requests may keep, in seconds "
+        "per second (0: off)",
     )
     token_burst_s: float = Field(
-        default=120.0, gt=0, le=86_400, description="server time a token may use in a burst"
+        default=10.0, gt=0, le=86_400, description="server time a token may use in a burst"
     )
     db_connect_timeout_s: int = Field(default=5, ge=1, le=600)
     db_statement_timeout_s: float = Field(

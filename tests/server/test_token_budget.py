@@ -12,12 +12,14 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 
 from shardstream.api_client import APIClient
-from shardstream.server.budget import TokenAccounts, TokenBudget
+from shardstream.server.budget import DEBT_IN_FLIGHT, Refusal, Ticket, TokenAccounts, TokenBudget
 from tests.fixtures.server import LiveServer, start_server
 from tests.server.conftest import make_published
 
@@ -30,42 +32,68 @@ class _Clock:
         return self.now
 
 
-def test_a_token_is_bounded_in_flight_and_in_server_time() -> None:
-    clock = _Clock()
-    accounts = TokenAccounts(TokenBudget(concurrency=2, busy_s=0.5, burst_s=1.0), clock=clock)
-    assert accounts.admit("hostile") is None
-    assert accounts.admit("hostile") is None
+def test_a_token_is_bounded_in_flight() -> None:
+    accounts = TokenAccounts(TokenBudget(concurrency=2, busy_s=0), clock=_Clock())
+    assert isinstance(accounts.admit("hostile"), Ticket)
+    assert isinstance(accounts.admit("hostile"), Ticket)
     crowded = accounts.admit("hostile")
-    assert crowded is not None and crowded.retry_after_s == 1
+    assert isinstance(crowded, Refusal) and crowded.retry_after_s == 1
     assert "SHARDSTREAM_TOKEN_CONCURRENCY" in crowded.detail
-    assert accounts.admit("other") is None  # another token has its own account
-    accounts.release("hostile", 2.0)
-    accounts.release("hostile", 2.0)  # 4 s used against a 1 s burst: 3 s in debt
+    assert isinstance(accounts.admit("other"), Ticket)  # another token has its own bound
+
+
+def test_a_token_pays_its_share_of_the_server_and_waits_out_its_debt() -> None:
+    clock = _Clock()
+    accounts = TokenAccounts(TokenBudget(concurrency=0, busy_s=0.5, burst_s=1.0), clock=clock)
+    first, second = accounts.admit("hostile"), accounts.admit("hostile")
+    assert isinstance(first, Ticket) and isinstance(second, Ticket)
+    clock.now += 4.0  # alone with two requests for 4 s: the server's 4 s, 2 s each
+    other = accounts.admit("other")
+    assert isinstance(other, Ticket)
+    accounts.release("hostile", first)
+    accounts.release("hostile", second)  # 4 s used against a full 1 s burst: 3 s in debt
     broke = accounts.admit("hostile")  # while "other" has a request in the server
-    assert broke is not None and broke.retry_after_s == 6  # 3 s of debt at 0.5 s/s
+    assert isinstance(broke, Refusal) and broke.retry_after_s == 6  # 3 s at 0.5 s/s
     assert "SHARDSTREAM_TOKEN_BUSY_S" in broke.detail
-    assert accounts.admit("hostile", time_exempt=True) is None  # a commit still goes
-    accounts.release("hostile", 0.0)
+    commit = accounts.admit("hostile", time_exempt=True)  # a checkpoint commit still goes
+    assert isinstance(commit, Ticket)
+    accounts.release("hostile", commit)
     clock.now += 5.0  # 2.5 s repaid: still 0.5 s in debt
-    assert accounts.admit("hostile") is not None
-    accounts.release("other", 0.0)
-    # Alone in the server, a token in debt goes on at its sustained rate: one request in
-    # flight at a time for 0.5 s per second (refusing it would leave the server idle).
-    assert accounts.admit("hostile") is None
-    assert accounts.admit("hostile") is not None
-    accounts.release("hostile", 0.0)
-    clock.now += 1.5  # repaid
-    assert accounts.admit("other") is None
-    assert accounts.admit("hostile") is None
-    assert accounts.in_flight("hostile") == 1
+    assert isinstance(accounts.admit("hostile"), Refusal)
+    accounts.release("other", other)
+    # Alone in the server, a token in debt goes on a few requests at a time (refusing
+    # it would only leave the server idle).
+    alone = [accounts.admit("hostile") for _ in range(DEBT_IN_FLIGHT)]
+    assert all(isinstance(t, Ticket) for t in alone)
+    assert isinstance(accounts.admit("hostile"), Refusal)
+    assert accounts.in_flight("hostile") == DEBT_IN_FLIGHT
+
+
+def test_tokens_in_the_server_together_share_its_time() -> None:
+    """Two tokens with one request each for 2 s: each had half the server, 1 s."""
+    clock = _Clock()
+    budget = TokenBudget(concurrency=0, busy_s=1.0, burst_s=1.0)
+    accounts = TokenAccounts(budget, clock=clock)
+    a, b = accounts.admit("a"), accounts.admit("b")
+    assert isinstance(a, Ticket) and isinstance(b, Ticket)
+    clock.now += 2.0
+    accounts.release("a", a)
+    accounts.release("b", b)
+    c = accounts.admit("c")  # a third token in the server: a and b are judged beside it
+    assert isinstance(c, Ticket)
+    for key in ("a", "b"):  # each paid exactly its 1 s burst: balance 0, in debt
+        refused = accounts.admit(key)
+        assert isinstance(refused, Refusal), key
+        assert refused.retry_after_s == 1
 
 
 def test_idle_accounts_are_forgotten() -> None:
     clock = _Clock()
     accounts = TokenAccounts(TokenBudget(concurrency=1, busy_s=1.0, burst_s=1.0), clock=clock)
     for i in range(20_000):  # bogus credentials, one request each
-        assert accounts.admit(f"k{i}") is None
-        accounts.release(f"k{i}", 0.0)
+        ticket = accounts.admit(f"k{i}")
+        assert isinstance(ticket, Ticket)
+        accounts.release(f"k{i}", ticket)
     assert len(accounts._accounts) <= 10_000
 
 
@@ -81,9 +109,24 @@ def _flood(
             answer = client.get(path)
             seen[str(answer.status_code)] += 1
             if answer.status_code == 429:
-                assert int(answer.headers["retry-after"]) >= 1
+                assert int(answer.headers["retry-after"]) >= 0  # less the 1 s the answer waited
                 detail = answer.json()["detail"]
                 seen["time" if "SHARDSTREAM_TOKEN_BUSY_S" in detail else "in flight"] += 1
+
+
+@contextmanager
+def _stalled_write(server: LiveServer) -> Iterator[socket.socket]:
+    """A POST with the admin token whose body is still coming (in the server until the
+    caller sends the rest or SHARDSTREAM_BODY_TIMEOUT_S)."""
+    port = int(server.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        head = (
+            "POST /v1/datasets HTTP/1.1\r\nHost: test\r\n"
+            f"Authorization: Bearer {server.token}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 13\r\n\r\n"
+        )
+        sock.sendall(head.encode() + b'{"name": "')
+        yield sock
 
 
 def test_a_flooding_token_gets_429_while_another_token_is_served(tmp_path: Path) -> None:
@@ -104,7 +147,7 @@ def test_a_flooding_token_gets_429_while_another_token_is_served(tmp_path: Path)
         storage_roots=tmp_path.as_uri(),
         token_concurrency=2,
         token_busy_s=0.05,
-        token_burst_s=5.0,
+        token_burst_s=1.0,
     ) as server:
         hostile, other = secrets
         index = "/v1/datasets/corpus/versions/1/shards?limit=1000"  # the costliest read here
@@ -112,19 +155,26 @@ def test_a_flooding_token_gets_429_while_another_token_is_served(tmp_path: Path)
         stop = threading.Event()
         flood = [
             threading.Thread(target=_flood, args=(server.url, hostile, index, seen, stop))
-            for _ in range(8)
+            for _ in range(4)
         ]
         for thread in flood:
             thread.start()
         served: Counter[int] = Counter()
         try:
-            while not seen["time"] and all(t.is_alive() for t in flood):
-                time.sleep(0.05)  # the flood spends its burst of server time first
-            with httpx.Client(base_url=server.url, headers=other, timeout=60) as client:
+            while seen["200"] < 20 and all(t.is_alive() for t in flood):
+                time.sleep(0.05)
+            time.sleep(2.0)  # alone, the flood spends its 1 s burst and runs into debt
+            with (
+                _stalled_write(server) as writing,  # a third caller, in the server throughout
+                httpx.Client(base_url=server.url, headers=other, timeout=60) as client,
+            ):
                 for _ in range(3):  # meanwhile the flood goes on
                     served[client.get(index).status_code] += 1
                     for _ in range(3):
                         served[client.get("/v1/datasets/corpus").status_code] += 1
+                while not seen["time"] and all(t.is_alive() for t in flood):
+                    time.sleep(0.05)  # the flood, in debt, is refused beside the others
+                writing.sendall(b'x"}')
         finally:
             stop.set()
             for thread in flood:
@@ -173,6 +223,6 @@ def test_the_sdk_waits_out_a_429_and_retries(tmp_path: Path) -> None:
                     refused = answer
                     break
             assert refused is not None, "the budget was never spent"
-            assert int(refused.headers["retry-after"]) >= 1
+            assert int(refused.headers["retry-after"]) >= 0
             with APIClient(server.url, server.token) as api:
                 assert list(api.list_datasets()) == []
