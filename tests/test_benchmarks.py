@@ -161,3 +161,29 @@ def test_read_images_runs_every_reader_and_the_decode_limit(tmp_path: Path) -> N
     # shuffle puts in a batch of 64 (47.4 of 100), not the few of one shard.
     for name in readers[:3]:
         assert float(rows[name][-1]) > 35, done.stdout
+
+
+@pytest.mark.timeout(300)
+def test_pack_compares_every_packer_on_the_same_documents() -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "pack.py"), "--docs", "300"]
+    cmd += ["--groups", "16,64", "--seq-len", "256"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=280, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("packer "))
+    table = {line[:40].strip(): line[40:].split() for line in lines[start + 1 :] if line.strip()}
+    names = list(table)
+    assert names[:3] == ["stream greedy (ref)", "stream first_fit (ref)", "first-fit 8 bins (ref)"]
+    for group in (16, 64):
+        for method in ("greedy", "first_fit"):
+            assert f"ours G={group} {method} rows=auto" in table
+            assert any(
+                n.startswith(f"ours G={group} {method} rows=") and "auto" not in n for n in names
+            )
+        auto = {m: table[f"ours G={group} {m} rows=auto"] for m in ("greedy", "first_fit")}
+        # Rows as needed truncate nothing, and first fit never needs more rows than greedy.
+        assert float(auto["greedy"][2]) == float(auto["first_fit"][2]) == 0.0
+        assert int(auto["first_fit"][0].replace(",", "")) <= int(auto["greedy"][0].replace(",", ""))
+    for values in table.values():
+        rows, pad, trunc = int(values[0].replace(",", "")), float(values[1]), float(values[2])
+        assert rows > 0 and 0.0 <= pad < 100.0 and 0.0 <= trunc < 100.0
