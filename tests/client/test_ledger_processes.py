@@ -1,0 +1,148 @@
+"""The run's ledger proven through real processes (issue 24, DESIGN §4).
+
+One run on a real server (SQLite), three starts of a real ``torch.distributed`` gloo job
+(see :mod:`tests.harness`): 8 ranks, SIGKILLed mid-epoch; 4 ranks resumed at the step of
+the server's newest checkpoint (the trainer's model step), SIGKILLed again; 6 ranks
+resumed the same way to the end of the epoch. Rank 0 commits the loader's state after
+every checkpoint all ranks saved. Then:
+
+* the consumed sequence (each start's steps up to the next start's resume point) is the
+  plan's global order, every sample of the epoch exactly once;
+* ``shardstream runs audit RUN`` exits 0 and lists the three starts (8, 4 and 6 ranks,
+  each resumed from the previous one's checkpoint).
+
+And the failure the field reports most: between the kills, a restart whose trainer
+restored the model of the newest step beside the loader state of another checkpoint is
+refused by every rank before its first batch (no step logged, no attempt recorded).
+
+Sizes stay small (8 ranks share the machine's cores): 768 samples, global batches of 24
+(divisible by 8, 4 and 6), 32 steps, a checkpoint every 4, no DataLoader workers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shardstream.api_client import APIClient
+from shardstream.shard_builder.publish import register_index
+from tests.client.test_elastic_resume import default_plan
+from tests.client.test_ledger_resume import audit_cli
+from tests.fixtures.server import LiveServer
+from tests.harness.config import DataSettings, ServerResume, StateDictResume, TrainerConfig
+from tests.harness.datasets import write_id_dataset
+from tests.harness.job import Job, JobError
+from tests.harness.records import AttemptLog, complete_checkpoint_steps
+from tests.harness.scenario import attempt, run_and_kill, run_epoch
+
+GLOBAL_BATCH = 24
+STEPS = 32
+NUM_SAMPLES = GLOBAL_BATCH * STEPS
+CKPT_EVERY = 4
+SEED = 11
+
+
+def _latest(api: APIClient, run: int) -> int:
+    latest = api.latest_checkpoint(run)
+    assert latest is not None, f"run {run} has no checkpoint on the server"
+    assert latest.sample_in_epoch == latest.step * GLOBAL_BATCH
+    return latest.step
+
+
+def _check_steps(log: AttemptLog, first: int, last: int, plan: object) -> None:
+    """Steps ``first..last`` of every rank of ``log`` are the plan's global batches."""
+    for step in range(first, last + 1):
+        want = plan.global_batches(step - 1, step)  # type: ignore[attr-defined]
+        got = log.global_batch(step)
+        assert np.array_equal(got, want), f"{log.attempt_dir.name} step {step}: {got} != {want}"
+
+
+@pytest.mark.slow
+def test_elastic_8_4_6_ranks_with_kills_is_proven_by_the_audit(
+    tmp_path: Path, live_server: LiveServer
+) -> None:
+    index = write_id_dataset(tmp_path / "data", NUM_SAMPLES, min_shard=30, max_shard=120)
+    with APIClient(live_server.url, live_server.token) as api:
+        version = register_index(api, str(tmp_path / "data" / "index.json"), "ledger-ids")
+        run = api.create_run([("ledger-ids", version.number)], global_batch_size=GLOBAL_BATCH).id
+    env = {"SHARDSTREAM_TOKEN": live_server.token}
+    base = TrainerConfig(
+        attempt_dir=str(tmp_path / "x"),
+        data=DataSettings(
+            source="ledger-ids",  # by name: the run's version (an index.json path is not)
+            global_batch_size=GLOBAL_BATCH,
+            seed=SEED,
+            cache_dir=str(tmp_path / "cache"),
+            server=live_server.url,
+            run_id=str(run),
+        ),
+        num_workers=0,
+        checkpoint_every=CKPT_EVERY,
+        commit=True,
+        step_sleep_s=0.02,
+    )
+    sizes = np.array([s.samples for s in index.shards], dtype=np.int64)
+    plan = default_plan(sizes, GLOBAL_BATCH, 8, SEED, 0)  # the run's first start: 8 ranks
+    assert plan.num_batches == STEPS
+
+    # 1. 8 ranks, killed after step 9 (checkpoints 4 and 8 saved; the ranks hold at 11).
+    w8_cfg = attempt(base, "w8", hold_after_step=11)
+    w8 = run_and_kill(w8_cfg, 8, kill_at_step=9, env=env)
+    with APIClient(live_server.url, live_server.token) as api:
+        s1 = _latest(api, run)
+    assert s1 <= w8.checkpoint_step  # commits follow the all-ranks-saved collective
+    _check_steps(w8.log, 1, w8.log.last_common_step(), plan)
+
+    # 2. Refused: the trainer restored the model of step s1 and the loader state another
+    # checkpoint of the killed job saved. Every rank stops before its first batch.
+    other = max(s for s in complete_checkpoint_steps(Path(w8_cfg.attempt_dir), 8) if s != s1)
+    wrong = StateDictResume(w8_cfg.attempt_dir, step=other, world_size=8, model_step=s1)
+    wrong_cfg = attempt(base, "w2-wrong-pair", resume_state_dict=wrong)
+    with Job(wrong_cfg, 2, env=env) as job, pytest.raises(JobError) as refused:
+        job.wait(timeout=300)
+    message = str(refused.value)
+    assert f"the trainer is at step {s1}" in message, message
+    assert "ResumeError" in message and "model and the data would not match" in message
+    assert AttemptLog.read(Path(wrong_cfg.attempt_dir), 2).last_common_step() == 0
+    with APIClient(live_server.url, live_server.token) as api:
+        assert len(api.list_attempts(run)) == 1  # the refused start left no trace
+        assert _latest(api, run) == s1
+
+    # 3. 4 ranks resume at the model's step s1, killed 9 steps later (two checkpoints).
+    w4_cfg = attempt(base, "w4", resume_server=ServerResume(s1), hold_after_step=s1 + 10)
+    w4 = run_and_kill(w4_cfg, 4, kill_at_step=s1 + 9, env=env)
+    assert w4.log.first_step() == s1 + 1
+    with APIClient(live_server.url, live_server.token) as api:
+        s2 = _latest(api, run)
+    assert s1 < s2 <= w4.checkpoint_step
+    _check_steps(w4.log, s1 + 1, w4.log.last_common_step(), plan)
+
+    # 4. 6 ranks resume at s2 and finish the epoch.
+    w6 = run_epoch(attempt(base, "w6", resume_server=ServerResume(s2)), 6, env=env)
+    assert w6.first_step() == s2 + 1 and w6.last_common_step() == STEPS
+    _check_steps(w6, s2 + 1, STEPS, plan)
+
+    # The effective history: every sample of the epoch exactly once, in the plan's order.
+    history = [w8.log.global_batch(s) for s in range(1, s1 + 1)]
+    history += [w4.log.global_batch(s) for s in range(s1 + 1, s2 + 1)]
+    history += [w6.global_batch(s) for s in range(s2 + 1, STEPS + 1)]
+    consumed = np.concatenate(history)
+    assert np.array_equal(np.sort(consumed), np.arange(NUM_SAMPLES))
+
+    # And the server proves the same from its ledger alone.
+    code, report = audit_cli(live_server, run)
+    assert code == 0 and report["ok"], report["failures"]
+    assert report["samples_per_step"] == GLOBAL_BATCH
+    assert report["latest_step"] == STEPS
+    starts = [(a["world_size"], a["resumed_step"]) for a in report["attempts"]]
+    assert starts == [(8, None), (4, s1), (6, s2)]
+    assert [h["attempt"] for h in report["history"]] == [1, 2, 3]
+    assert report["rollbacks"] == [] and report["plan_changes"] == []
+    epoch = report["epochs"][0]
+    assert (epoch["epoch"], epoch["samples"], epoch["consumed_to"]) == (
+        0,
+        NUM_SAMPLES,
+        NUM_SAMPLES,
+    )
