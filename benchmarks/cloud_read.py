@@ -197,9 +197,13 @@ def run_readers(
     for rank, spec in enumerate(specs):
         node_env = {**env, "RANK": str(rank), "WORLD_SIZE": str(len(specs))}
         node_env.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", NODE_RANK=str(rank))
+        readers = READERS
+        if spec.get("root"):  # a baseline checkout's client and reader
+            node_env["PYTHONPATH"] = spec["root"]
+            readers = Path(spec["root"]) / "benchmarks" / READERS.name
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(READERS), json.dumps(spec)],
+                [sys.executable, str(readers), json.dumps(spec)],
                 env=node_env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -319,6 +323,12 @@ def main() -> int:
     parser.add_argument(
         "--handshake-ms", type=float, default=None, help="new connection (default: --latency-ms)"
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="a checkout of an earlier client (git archive REV | tar -x -C DIR): its "
+        "shardstream modes also run, on our writer's shards, labelled 'before'",
+    )
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--conn-mbps", type=float, default=90.0)
     parser.add_argument("--get-rate", type=float, default=5500.0)
@@ -411,6 +421,9 @@ def main() -> int:
                     who = "" if writer == "ours" else " (MosaicML-written)"
                     for mode in modes:
                         spec = {**ours, "url": url, "mode": mode}
+                        if args.baseline and writer == "ours":
+                            old = {**spec, "root": str(args.baseline.resolve())}
+                            one(f"shardstream {mode}, before{tag}", name, [old], size)
                         one(f"shardstream {mode}{who}{tag}", name, [spec], size)
                 for peer in peers:
                     is_lit = peer.startswith("litdata")
