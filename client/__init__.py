@@ -27,12 +27,15 @@ if TYPE_CHECKING:
         ServerOptions,
         Source,
     )
+    from shardstream.client.plan import MixtureSchedule, Phase
     from shardstream.client.state import ReaderState
 
 __all__ = [
     "CacheOptions",
     "DecodeOptions",
+    "MixtureSchedule",
     "PackOptions",
+    "Phase",
     "PlanOptions",
     "RandomResizedCropFlip",
     "ReaderState",
@@ -47,7 +50,9 @@ __all__ = [
 _HOMES = {
     "CacheOptions": "options",
     "DecodeOptions": "options",
+    "MixtureSchedule": "plan",
     "PackOptions": "options",
+    "Phase": "plan",
     "PlanOptions": "options",
     "RandomResizedCropFlip": "image_augment",
     "ReaderState": "state",

@@ -10,7 +10,9 @@ import shardstream.client as client
 EXPORTED = [
     "CacheOptions",
     "DecodeOptions",
+    "MixtureSchedule",
     "PackOptions",
+    "Phase",
     "PlanOptions",
     "RandomResizedCropFlip",
     "ReaderState",
