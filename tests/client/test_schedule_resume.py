@@ -11,17 +11,23 @@ from typing import Any
 import numpy as np
 import pytest
 
+from shardstream.api_client import APIClient
 from shardstream.client import (
     CacheOptions,
     DecodeOptions,
     PackOptions,
     PlanOptions,
+    ServerOptions,
+    ShardstreamLoader,
     StreamingDataset,
     Topology,
 )
 from shardstream.client.plan import MixtureSchedule, Phase
 from shardstream.errors import ConfigError, ResumeError
 from shardstream.mds import MDSWriter
+from shardstream.shard_builder.publish import register_index
+from tests.client.test_dataset_support import write_tokens
+from tests.fixtures.server import LiveServer
 
 GLOBAL_BATCH = 8
 SCHEDULE = MixtureSchedule(
@@ -141,3 +147,36 @@ def test_a_schedule_that_does_not_fit_the_sources_is_one_clear_error(
     bad = MixtureSchedule([Phase(weights=(1.0, 1.0, 1.0))])
     with pytest.raises(ConfigError, match="3 weights per phase but there are 2 sources"):
         _dataset(sources, tmp_path / "c", 1, 0, schedule=bad)
+
+
+def test_the_server_audit_recomputes_a_scheduled_run(
+    live_server: LiveServer, tmp_path: Path
+) -> None:
+    """A run under a schedule (epoch_size 96 of 2 x 64 documents: 24 steps of 4 an epoch)
+    commits 30 steps across an epoch end; the server's audit recomputes the scheduled
+    plan's epochs from the committed plan and proves the history."""
+    with APIClient(live_server.url, live_server.token) as api:
+        for name in ("tok-a", "tok-b"):
+            write_tokens(tmp_path / name, 64, size_limit=600)
+            register_index(api, str(tmp_path / name / "index.json"), name)
+        run = api.create_run([("tok-a", 1), ("tok-b", 1)], global_batch_size=4).id
+    schedule = MixtureSchedule([Phase(until=10, weights=(3, 1)), Phase(weights=(1, 3))])
+    ds = StreamingDataset(
+        ["tok-a", "tok-b"],
+        4,
+        plan=PlanOptions(epoch_size=96, schedule=schedule),
+        server=ServerOptions(url=live_server.url, token=live_server.token, run=run),
+        cache=CacheOptions(dir=tmp_path / "cache"),
+    )
+    loader = ShardstreamLoader(ds, num_workers=0)
+    it = iter(loader)
+    for step in range(1, 31):
+        if next(it, None) is None:  # the epoch ended: the next pass is the next epoch
+            it = iter(loader)
+            next(it)
+        loader.commit(step)
+    loader.flush_commits()
+    loader.close()
+    with APIClient(live_server.url, live_server.token) as api:
+        report = api.audit_run(run)
+    assert report["ok"], report["failures"]
