@@ -224,6 +224,11 @@ def decode_on_device(
     """
     if mode not in ("RGB", "L"):
         raise ConfigError(f"mode must be 'RGB' or 'L', got {mode!r}")
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"device {str(device)!r}: torch {torch.__version__} sees no CUDA device here; "
+            "decode on 'cpu' or run on a GPU node"
+        )
     out: list[torch.Tensor | None] = [None] * len(images)
     jpegs = [i for i, data in enumerate(images) if bytes(data[:3]) == _JPEG_MAGIC]
     if jpegs:
