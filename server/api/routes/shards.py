@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -64,16 +64,24 @@ async def list_shards(
     # Large pages of published versions go out gzip-compressed (~6x smaller) to clients
     # that take it, compressed once per process like the page itself.
     gzipped = etag is not None and limit >= GZIP_MIN_LIMIT and accepts_gzip(request)
-    sent_etag = gzip_etag(etag) if gzipped and etag is not None else etag
-    cached = not_modified(request, sent_etag)
-    if cached is not None:
-        return cached
     factory = request.app.state.read_sessions
 
     def load() -> bytes:
         with factory() as session:
             return data.page_json(session, version.id, cursor=cursor, limit=limit)
 
+    return await _published_body(request, etag, load, gzipped=gzipped)
+
+
+async def _published_body(
+    request: Request, etag: str | None, load: Callable[[], bytes], *, gzipped: bool
+) -> Response:
+    """A body of a published version (``etag``) from the process's cache (``load`` on a
+    miss), gzip-compressed when ``gzipped``, or 304 when the client has it already."""
+    sent_etag = gzip_etag(etag) if gzipped and etag is not None else etag
+    cached = not_modified(request, sent_etag)
+    if cached is not None:
+        return cached
     body = await request.app.state.published.page(etag, load, gzipped=gzipped)
     out = Response(content=body, media_type="application/json")
     if gzipped:
@@ -146,24 +154,13 @@ async def mds_index(
             )
 
     if etag is not None and version.num_shards <= INDEX_CACHE_SHARDS:
-        gzipped = accepts_gzip(request)
-        sent_etag = gzip_etag(etag) if gzipped else etag
-        cached = not_modified(request, sent_etag)
-        if cached is not None:
-            return cached
 
         def load() -> bytes:
             with factory() as session:
                 refuse_without_entries(session)
             return b"".join(_stream_index(factory, version.id, version.num_shards))
 
-        body = await request.app.state.published.page(etag, load, gzipped=gzipped)
-        out = Response(content=body, media_type="application/json")
-        if gzipped:
-            out.headers["Content-Encoding"] = "gzip"
-        out.headers["Vary"] = "Accept-Encoding"
-        set_cache_headers(out, sent_etag)
-        return out
+        return await _published_body(request, etag, load, gzipped=accepts_gzip(request))
 
     cached = not_modified(request, etag)
     if cached is not None:
