@@ -300,6 +300,7 @@ async def runs(
         rows = {r.id: r for r in session.scalars(select(RunRow).where(RunRow.id.in_(ids)))}
         sources = _sources_with_samples(session, ids)
         latest = _latest_checkpoints(session, ids)
+        inputs = input_stats_data.summaries(session, ids)
         now = utcnow()
         shown = [
             {
@@ -307,6 +308,7 @@ async def runs(
                 "progress": progress.progress(
                     rows[run.id], latest.get(run.id), sources[run.id], now
                 ),
+                "input": inputs[run.id],
             }
             for run in page.items
         ]

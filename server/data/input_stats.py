@@ -11,14 +11,15 @@ the row already has is not counted twice.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from shardstream.server.models import RankInputStatsRow, RunRow, utcnow
-from shardstream.wire import InputStatsReport, RankInputStats, RunInputStats
+from shardstream.wire import InputStatsReport, RankInputStats, RunInputStats, RunInputSummary
 from shardstream.wire._input_stats import MAX_HISTORY, MAX_MISSING_LISTED
 
 from . import runs as runs_data
@@ -99,12 +100,50 @@ def _public(row: RankInputStatsRow) -> RankInputStats:
 
 
 def run_verdict(verdicts: list[str]) -> str:
-    """A run's verdict from its ranks': input-bound if any rank is (the more common cause
-    among those ranks), else not input-bound once any rank knows, else unknown."""
-    bound = Counter(v for v in verdicts if v in INPUT_BOUND)
-    if bound:
-        return bound.most_common(1)[0][0]
-    return "not_input_bound" if "not_input_bound" in verdicts else "unknown"
+    """A run's verdict from its ranks' (see :func:`verdict_of`)."""
+    return verdict_of(Counter(verdicts))
+
+
+def verdict_of(counts: Mapping[str, int]) -> str:
+    """A run's verdict from the number of ranks per verdict: input-bound if any rank is
+    (the more common cause among those ranks, ``io_bound`` on a tie), else not input-bound
+    once any rank knows, else unknown."""
+    io, cpu = counts.get("io_bound", 0), counts.get("cpu_bound", 0)
+    if io or cpu:
+        return "io_bound" if io >= cpu else "cpu_bound"
+    return "not_input_bound" if counts.get("not_input_bound", 0) else "unknown"
+
+
+def summaries(session: Session, run_ids: Sequence[int]) -> dict[int, RunInputSummary]:
+    """Each run's verdict and rank counts (for lists of runs), in one grouped query over
+    the stored verdicts whatever the number of runs and ranks; a run with no rank
+    reporting has verdict ``unknown``."""
+    found: dict[int, list[tuple[str, int, int, float]]] = {i: [] for i in run_ids}
+    if run_ids:
+        rows = session.execute(
+            select(
+                RankInputStatsRow.run_id,
+                RankInputStatsRow.verdict,
+                func.count(),
+                func.max(RankInputStatsRow.world_size),
+                func.max(RankInputStatsRow.wait_share),
+            )
+            .where(RankInputStatsRow.run_id.in_(list(run_ids)))
+            .group_by(RankInputStatsRow.run_id, RankInputStatsRow.verdict)
+        ).all()
+        for run_id, verdict, n, world, worst in rows:
+            found[run_id].append((verdict, int(n), int(world), float(worst)))
+    out = {}
+    for run_id, groups in found.items():
+        counts = {verdict: n for verdict, n, _, _ in groups}
+        out[run_id] = RunInputSummary(
+            verdict=verdict_of(counts),
+            ranks_reporting=sum(counts.values()),
+            ranks_input_bound=sum(counts.get(v, 0) for v in INPUT_BOUND),
+            world_size=max((g[2] for g in groups), default=None),
+            max_wait_share=max((g[3] for g in groups), default=None),
+        )
+    return out
 
 
 def for_run(session: Session, run_id: int) -> RunInputStats:

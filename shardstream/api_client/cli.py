@@ -106,7 +106,11 @@ def _runs(args: argparse.Namespace) -> int:
     with _client(args) as api:
         if args.verb == "list":
             rows = [_run_row(r.model_dump(mode="json")) for r in api.list_runs()]
-            cols = ["id", "name", "status", "sources", "global_batch_size", "created_by"]
+            if args.json:
+                return _print_json(rows)
+            rows = [{**r, "input": _input_cell(r.get("input"))} for r in rows]
+            cols = ["id", "name", "status", "sources", "global_batch_size", "input",
+                    "created_by"]  # fmt: skip
             return _out(args, rows, cols)
         if args.verb == "audit":
             return _audit(args, api.audit_run(args.run))
@@ -161,6 +165,15 @@ def _resumed(attempt: dict[str, Any]) -> str:
     if attempt.get("resumed_step") is None:
         return "start"
     return f"step {attempt['resumed_step']} (attempt {attempt.get('resumed_attempt')})"
+
+
+def _input_cell(summary: dict[str, Any] | None) -> str:
+    """``runs list``'s input column: the run's verdict, and how many ranks wait for data."""
+    if not summary or not summary["ranks_reporting"]:
+        return "-"
+    if not summary["ranks_input_bound"]:
+        return str(summary["verdict"])
+    return f"{summary['verdict']} ({summary['ranks_input_bound']}/{summary['world_size']} ranks)"
 
 
 def _run_row(run: dict[str, Any]) -> dict[str, Any]:

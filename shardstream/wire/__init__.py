@@ -33,7 +33,7 @@ from ._datasets import (
     VersionUpdate,
 )
 from ._fields import MAX_INT, NAME_PATTERN, check_name, check_shard_key
-from ._input_stats import InputStatsReport, RankInputStats, RunInputStats
+from ._input_stats import InputStatsReport, RankInputStats, RunInputStats, RunInputSummary
 from ._json import FieldLimits, check_json_document, field_limits, set_field_limits
 from ._responses import ErrorResponse, Health, Page
 from ._runs import (
@@ -72,6 +72,7 @@ __all__ = [
     "ResumePoint",
     "RunCreate",
     "RunInputStats",
+    "RunInputSummary",
     "RunPublic",
     "RunSource",
     "RunStatus",

@@ -93,6 +93,20 @@ class RankInputStats(PublicModel):
     updated_at: datetime
 
 
+class RunInputSummary(PublicModel):
+    """A run's input verdict in a few numbers, for lists of runs (``GET /v1/runs``):
+    counted from each rank's latest verdict, without reading its figures."""
+
+    verdict: str
+    """As :class:`RunInputStats`: ``io_bound``/``cpu_bound`` if any rank is (the more
+    common, ``io_bound`` on a tie), else ``not_input_bound`` or ``unknown``."""
+    ranks_reporting: int
+    ranks_input_bound: int
+    world_size: int | None
+    max_wait_share: float | None
+    """The slowest rank's wait share (its latest window)."""
+
+
 class RunInputStats(PublicModel):
     """A run's input figures: every rank that reported (slowest first: highest wait
     share), the run's verdict (the most common among input-bound ranks, if at least one

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from ._fields import MAX_INT, Count, Name, PlanObject, PublicModel, StrictModel
-from ._input_stats import InputStatsReport
+from ._input_stats import InputStatsReport, RunInputSummary
 
 
 class RunStatus(str, Enum):
@@ -51,7 +51,8 @@ class RunPublic(PublicModel):
     ``owner`` is the principal that created it (``token:<id>``, or ``admin`` for the
     bootstrap admin secret; None for runs created before runs had owners): only it, or an
     admin whose rights cover all the run's datasets, may commit to it or change it.
-    ``created_by`` is that token's name, for people.
+    ``created_by`` is that token's name, for people. ``input``: whether the run waits for
+    data (from its ranks' commits; None from servers before input figures).
     """
 
     id: int
@@ -65,6 +66,7 @@ class RunPublic(PublicModel):
     owner: str | None = None
     created_at: datetime
     updated_at: datetime
+    input: RunInputSummary | None = None
 
 
 AttemptNumber = Annotated[int, Field(ge=1, le=2**31 - 1)]

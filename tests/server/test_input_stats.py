@@ -22,6 +22,7 @@ from shardstream.server.config import Settings
 from tests.fixtures.server import LiveServer
 from tests.server.conftest import ADMIN
 from tests.server.test_console import sign_in
+from tests.server.test_published_cache import count_queries
 from tests.server.test_runs import _run
 from tests.server.test_terminal_commands import _publish
 
@@ -143,6 +144,51 @@ def test_metrics_export_per_run_aggregates_without_ranks(api: TestClient, tmp_pa
     assert "shardstream_run_data_wait_ratio{" not in api.get("/metrics").text
 
 
+def test_lists_of_runs_flag_input_bound_runs_with_one_query_per_page(
+    api: TestClient, app: FastAPI, tmp_path: Path
+) -> None:
+    first = _run(api, tmp_path)
+    body = {k: first[k] for k in ("sources", "seed", "global_batch_size", "plan")}
+    runs = [first["id"]] + [api.post("/v1/runs", json=body).json()["id"] for _ in range(3)]
+    bound, fine, silent, cpu = runs
+    commit(api, bound, 10, report(0, 4, 6.0, 4.0))  # 60 % waiting: io_bound
+    commit(api, bound, 10, report(1, 4, 0.1, 9.9))
+    commit(api, fine, 10, report(0, 2, 0.1, 9.9))
+    commit(api, cpu, 10, report(0, 2, 5.0, 5.0, verdict="cpu_bound"))
+    commit(api, cpu, 10, report(1, 2, 5.0, 5.0, verdict="cpu_bound"))
+    with count_queries(app) as log:
+        items = api.get("/v1/runs").json()["items"]
+    assert log.tables["run_input_stats"] == 1  # one grouped query, not one per run
+    got = {r["id"]: r["input"] for r in items}
+    assert got[bound] == {
+        "verdict": "io_bound",
+        "ranks_reporting": 2,
+        "ranks_input_bound": 1,
+        "world_size": 4,
+        "max_wait_share": 0.6,
+    }
+    assert got[fine]["verdict"] == "not_input_bound" and got[fine]["ranks_input_bound"] == 0
+    assert got[silent] == {
+        "verdict": "unknown",
+        "ranks_reporting": 0,
+        "ranks_input_bound": 0,
+        "world_size": None,
+        "max_wait_share": None,
+    }
+    assert got[cpu]["verdict"] == "cpu_bound" and got[cpu]["ranks_input_bound"] == 2
+    assert api.get(f"/v1/runs/{cpu}").json()["input"] == got[cpu]
+    # The console's list: a badge per run, from the same single query.
+    client = sign_in(app, ADMIN)
+    with count_queries(app) as log:
+        page = client.get("/ui/runs").text
+    assert log.tables["run_input_stats"] == 1
+    cells = {run: page[page.index(f'id="run-{run}"') :].split("</tr>", 1)[0] for run in runs}
+    assert ">io bound</span> 1 of 4 ranks" in cells[bound]
+    assert ">not input bound</span>" in cells[fine]
+    assert "no figures" in cells[silent] and "badge failed" not in cells[silent]
+    assert ">cpu bound</span> 2 of 2 ranks" in cells[cpu]
+
+
 def test_runs_show_prints_wait_share_verdict_and_silent_ranks(
     live_server: LiveServer,
     capsys: pytest.CaptureFixture[str],
@@ -157,6 +203,11 @@ def test_runs_show_prints_wait_share_verdict_and_silent_ranks(
             stats = report(rank, 3, wait, 2.0, verdict="cpu_bound" if rank else "io_bound")
             api.commit_checkpoint(run.id, step=10, epoch=0, sample_in_epoch=80, stats=stats)
     capsys.readouterr()
+    assert main(["runs", "list"]) == 0
+    listed = capsys.readouterr().out
+    assert "INPUT" in listed and "_bound (2/3 ranks)" in listed, listed
+    assert main(["runs", "list", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["input"]["ranks_input_bound"] == 2
     assert main(["runs", "show", str(run.id)]) == 0
     shown = capsys.readouterr().out
     assert "input: cpu_bound" in shown or "input: io_bound" in shown, shown

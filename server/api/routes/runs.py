@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request, Response, status
+from sqlalchemy.orm import Session
 
 from shardstream.errors import ConflictError
 from shardstream.server.api.deps import ERRORS, Cursor, Limit, Reader, RunId, SessionDep, Writer
@@ -30,34 +31,45 @@ router = APIRouter(prefix="/v1/runs", tags=["runs"], responses=ERRORS)
 Step = Annotated[int, Path(ge=0, le=2**62, description="training step")]
 
 
+def _with_input(session: Session, run: RunPublic) -> RunPublic:
+    """``run`` with its input verdict (the same on every route that returns a run)."""
+    return run.model_copy(update={"input": input_stats_data.summaries(session, [run.id])[run.id]})
+
+
 @router.post("", status_code=status.HTTP_201_CREATED)
 def create_run(body: RunCreate, session: SessionDep, who: Writer) -> RunPublic:
     """Register a run reading one or more published versions with weights; it belongs to
     the calling token (``owner``), which alone (with admins over all its datasets) may
     commit to it and change its status."""
-    return data.create(session, body, created_by=who)
+    return _with_input(session, data.create(session, body, created_by=who))
 
 
 @router.get("")
 def list_runs(
     session: SessionDep, who: Reader, cursor: Cursor = None, limit: Limit = 100
 ) -> Page[RunPublic]:
-    """Runs by id, a page at a time."""
-    return data.page(session, cursor=cursor, limit=limit, allowed=who.datasets)
+    """Runs by id, a page at a time, each with its input verdict (``input``: whether it
+    waits for data; one grouped query per page)."""
+    page = data.page(session, cursor=cursor, limit=limit, allowed=who.datasets)
+    found = input_stats_data.summaries(session, [r.id for r in page.items])
+    items = [r.model_copy(update={"input": found[r.id]}) for r in page.items]
+    return Page[RunPublic](items=items, next_cursor=page.next_cursor)
 
 
 @router.get("/{run_id}")
 def get_run(run_id: RunId, session: SessionDep, who: Reader) -> RunPublic:
     """One run (the token needs read access to all its datasets)."""
     data.require_readable(session, who, run_id)
-    return data.to_public(data.get(session, run_id), data.sources(session, run_id))
+    return _with_input(
+        session, data.to_public(data.get(session, run_id), data.sources(session, run_id))
+    )
 
 
 @router.patch("/{run_id}")
 def update_run(run_id: RunId, body: RunUpdate, session: SessionDep, who: Writer) -> RunPublic:
     """Set a run's status (its owner, or an admin over all its datasets); a run that is no
     longer ``running`` stops protecting its datasets."""
-    return data.set_status(session, run_id, body.status, who=who)
+    return _with_input(session, data.set_status(session, run_id, body.status, who=who))
 
 
 @router.post(
