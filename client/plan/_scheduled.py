@@ -44,7 +44,7 @@ I64 = NDArray[np.int64]
 _TAG_SOURCE_ORDER = 21
 
 
-def _shares(total: int, weights: Sequence[float]) -> list[int]:
+def split_by_weights(total: int, weights: Sequence[float]) -> list[int]:
     """``total`` split in proportion to ``weights`` (largest remainder, ties by order)."""
     w = np.asarray(weights, dtype=np.float64)
     exact = total * w / w.sum()
@@ -159,7 +159,7 @@ class ScheduledPlan:
         items = [(stop - a) * b for a, stop, _ in segs]
         items[-1] = self.num_samples - segs[-1][0] * b
         self.segment_counts: I64 = np.array(
-            [_shares(n, w) for n, w in zip(items, self.segment_weights, strict=True)],
+            [split_by_weights(n, w) for n, w in zip(items, self.segment_weights, strict=True)],
             dtype=np.int64,
         ).reshape(len(segs), len(sources))
         """``[segment, source]``: items each source gives each segment."""

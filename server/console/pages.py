@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from shardstream.errors import APIError, AuthenticationError
 from shardstream.server.api.deps import RunId, SessionDep, authenticate, principal_of
 from shardstream.server.auth import Principal
-from shardstream.server.console import display, progress, session_store
+from shardstream.server.console import display, mixture, progress, session_store
 from shardstream.server.console.input_view import sparkline
 from shardstream.server.console.session import (
     PREFIX,
@@ -345,6 +345,13 @@ async def run(request: Request, who: User, session: SessionDep, run_id: RunId) -
         )
         state = progress.progress(row, recent[-1] if recent else None, sources)
         pts = progress.points(recent, state.epoch_samples)
+        mix = mixture.mixture_view(
+            recent[-1].plan if recent else row.plan,
+            [f"{s.dataset} v{s.version}" for s, _ in sources],
+            state.epoch_samples,
+            state.epoch or 0,
+            state.sample_in_epoch or 0,
+        )
         # The audit reads every checkpoint once: on the page up to AUDIT_ON_PAGE of them.
         report = audit_data.audit(session, run_id) if (total or 0) <= AUDIT_ON_PAGE else None
         return {
@@ -352,6 +359,7 @@ async def run(request: Request, who: User, session: SessionDep, run_id: RunId) -
             "audit": report,
             "run": runs_data.to_public(row, [s for s, _ in sources]),
             "progress": state,
+            "mixture": mix,
             "chart": progress.chart_svg(pts),
             "points": pts[::-1][:PAGE],
             "checkpoints": int(total or 0),

@@ -91,14 +91,21 @@ class _Sizes:
         self._plan: Any = None
         try:
             self._plan = _plan_factory(session, plan, versions)
+            first = self._plan(0)  # parameters that cannot make a plan fail here, reported
+            self._cache[0] = int(first.num_batches) * int(first.config.global_batch_size)
         except Exception as exc:  # reported, not raised: the audit then cannot prove sizes
             self.error = f"the plan cannot be recomputed on the server: {exc}"
+            self._plan = None
 
     def size(self, epoch: int) -> int | None:
         if self._plan is None or len(self._cache) >= MAX_EPOCHS:
             return None
         if epoch not in self._cache:
-            plan = self._plan(epoch)
+            try:
+                plan = self._plan(epoch)
+            except ValueError as exc:  # PlanError: parameters that cannot make a plan
+                self.error, self._plan = f"the plan cannot be recomputed on the server: {exc}", None
+                return None
             self._cache[epoch] = int(plan.num_batches) * int(plan.config.global_batch_size)
         return self._cache[epoch]
 
