@@ -323,6 +323,8 @@ async def runs(
 
 AUDIT_ON_PAGE = 20_000
 """Checkpoints up to which the run page shows the audit (beyond: `shardstream runs audit`)."""
+INPUT_RANKS = 16
+"""The slowest ranks the run page lists (`shardstream runs show RUN --json` has them all)."""
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
@@ -355,7 +357,7 @@ async def run(request: Request, who: User, session: SessionDep, run_id: RunId) -
         # The audit reads every checkpoint once: on the page up to AUDIT_ON_PAGE of them.
         report = audit_data.audit(session, run_id) if (total or 0) <= AUDIT_ON_PAGE else None
         return {
-            "inputs": input_stats_data.for_run(session, run_id),
+            "inputs": input_stats_data.for_run(session, run_id, limit=INPUT_RANKS),
             "audit": report,
             "run": runs_data.to_public(row, [s for s, _ in sources]),
             "progress": state,

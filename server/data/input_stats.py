@@ -15,12 +15,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
+from shardstream.errors import RequestValidationError
 from shardstream.server.models import RankInputStatsRow, RunRow, utcnow
 from shardstream.wire import InputStatsReport, RankInputStats, RunInputStats, RunInputSummary
-from shardstream.wire._input_stats import MAX_HISTORY, MAX_MISSING_LISTED
+from shardstream.wire._input_stats import (
+    DEFAULT_RANKS,
+    MAX_HISTORY,
+    MAX_MISSING_LISTED,
+    MAX_WORLD_SIZE,
+)
 
 from . import runs as runs_data
 
@@ -146,35 +152,93 @@ def summaries(session: Session, run_ids: Sequence[int]) -> dict[int, RunInputSum
     return out
 
 
-def for_run(session: Session, run_id: int) -> RunInputStats:
-    """A run's figures: its ranks slowest first, and the ranks that never reported."""
+def for_run(
+    session: Session, run_id: int, *, limit: int = DEFAULT_RANKS, cursor: str | None = None
+) -> RunInputStats:
+    """A run's figures: its ``limit`` slowest ranks (after ``cursor``), the figures over
+    all its ranks and the ranks that never reported.
+
+    The answer is bounded by ``limit``, not by the world size: the run's verdict, wait
+    share and counts come from one grouped query (the totals' wait and step summed in the
+    database), and only the page's rows are read whole.
+    """
     runs_data.get(session, run_id)
-    rows = session.scalars(
-        select(RankInputStatsRow)
-        .where(RankInputStatsRow.run_id == run_id)
-        .order_by(RankInputStatsRow.wait_share.desc(), RankInputStatsRow.rank)
+    after = _decode_cursor(cursor)
+    mine = RankInputStatsRow.run_id == run_id
+    groups = session.execute(
+        select(
+            RankInputStatsRow.verdict,
+            func.count(),
+            func.max(RankInputStatsRow.world_size),
+            func.sum(RankInputStatsRow.total["data_wait_s"].as_float()),
+            func.sum(RankInputStatsRow.total["step_s"].as_float()),
+        )
+        .where(mine)
+        .group_by(RankInputStatsRow.verdict)
     ).all()
-    world = max((r.world_size for r in rows), default=None)
-    present = {r.rank for r in rows}
-    missing_count = 0 if world is None else world - len(present & set(range(world)))
+    counts = {verdict: int(n) for verdict, n, _, _, _ in groups}
+    world = max((int(g[2]) for g in groups), default=None)
+    wait = sum(float(g[3] or 0) for g in groups)
+    step = sum(float(g[4] or 0) for g in groups)
     missing: list[int] = []
+    missing_count = 0
     if world is not None:
+        present = set(
+            session.scalars(
+                select(RankInputStatsRow.rank).where(mine, RankInputStatsRow.rank < world)
+            )
+        )
+        missing_count = world - len(present)
         for rank in range(world):
             if len(missing) >= MAX_MISSING_LISTED:
                 break
             if rank not in present:
                 missing.append(rank)
-    wait = sum(float(r.total["data_wait_s"]) for r in rows)
-    step = sum(float(r.total["step_s"]) for r in rows)
+    query = select(RankInputStatsRow).where(mine)
+    if after is not None:
+        share_after, rank_after = after
+        query = query.where(
+            or_(
+                RankInputStatsRow.wait_share < share_after,
+                and_(
+                    RankInputStatsRow.wait_share == share_after,
+                    RankInputStatsRow.rank > rank_after,
+                ),
+            )
+        )
+    rows = session.scalars(
+        query.order_by(RankInputStatsRow.wait_share.desc(), RankInputStatsRow.rank).limit(limit + 1)
+    ).all()
+    page, more = rows[:limit], len(rows) > limit
     return RunInputStats(
         run_id=run_id,
         world_size=world,
-        verdict=run_verdict([r.verdict for r in rows]),
-        wait_share=wait / (wait + step) if rows and wait + step > 0 else None,
-        ranks=[_public(r) for r in rows],
+        verdict=verdict_of(counts),
+        wait_share=wait / (wait + step) if groups and wait + step > 0 else None,
+        ranks=[_public(r) for r in page],
         missing=missing,
         missing_count=missing_count,
+        ranks_reporting=sum(counts.values()),
+        verdict_counts=counts,
+        next_cursor=f"{page[-1].wait_share!r}/{page[-1].rank}" if more else None,
     )
+
+
+def _decode_cursor(cursor: str | None) -> tuple[float, int] | None:
+    """``next_cursor`` of a previous page: the last rank's wait share and rank (422 if it
+    is not one)."""
+    if not cursor:
+        return None
+    share_text, _, rank_text = cursor.partition("/")
+    try:
+        share_after, rank_after = float(share_text), int(rank_text)
+    except ValueError:
+        share_after, rank_after = -1.0, -1
+    if not (0.0 <= share_after <= 1.0 and 0 <= rank_after < MAX_WORLD_SIZE):
+        raise RequestValidationError(
+            f"query.cursor: {cursor!r} is not a cursor returned by this endpoint", 422
+        )
+    return share_after, rank_after
 
 
 @dataclass(frozen=True)

@@ -13,14 +13,15 @@ SLOWEST = 16
 
 
 def input_lines(stats: dict[str, Any]) -> list[str]:
-    """The run's input figures (``GET /v1/runs/{id}/input-stats``) as lines for a terminal."""
+    """The run's input figures (``GET /v1/runs/{id}/input-stats``: its slowest ranks and
+    the figures over all of them) as lines for a terminal."""
     ranks = stats["ranks"]
     if not ranks:
         return ["input: no rank has reported input figures yet (they come with commits)"]
     share = stats["wait_share"]
     head = (
         f"input: {stats['verdict']}; data wait {share:.1%} of the loop's time over "
-        f"{len(ranks)} of {stats['world_size']} ranks"
+        f"{stats['ranks_reporting']} of {stats['world_size']} ranks"
     )
     if stats["missing_count"]:
         listed = ", ".join(str(r) for r in stats["missing"][:20])
@@ -50,6 +51,7 @@ def input_lines(stats: dict[str, Any]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
               for row in rows]  # fmt: skip
-    if len(ranks) > SLOWEST:
-        lines.append(f"... {len(ranks) - SLOWEST} more ranks (--json lists them all)")
+    if stats["ranks_reporting"] > min(len(ranks), SLOWEST):
+        more = stats["ranks_reporting"] - min(len(ranks), SLOWEST)
+        lines.append(f"... {more} more ranks (--json lists them all)")
     return lines

@@ -19,6 +19,7 @@ from shardstream.wire import (
     RunStatus,
     RunUpdate,
 )
+from shardstream.wire._input_stats import MAX_RANKS
 
 from ._session import APISession, json_body
 
@@ -86,10 +87,26 @@ class RunsAPI(APISession):
         path = f"/v1/runs/{run_id}/checkpoints"
         return self._model(CheckpointPublic, self.request("POST", path, json=json_body(body)))
 
-    def input_stats(self, run_id: int) -> RunInputStats:
-        """Is the run waiting for data? Its ranks' input figures (from their commits)."""
+    def input_stats(
+        self, run_id: int, *, limit: int | None = None, cursor: str | None = None
+    ) -> RunInputStats:
+        """Is the run waiting for data? Its verdict and figures over all its ranks, and
+        its ``limit`` slowest ranks' figures (the server's default: 32; at most 256),
+        after ``cursor`` (a previous answer's ``next_cursor``)."""
         path = f"/v1/runs/{run_id}/input-stats"
-        return self._model(RunInputStats, self.request("GET", path))
+        params = {"limit": limit, "cursor": cursor}
+        return self._model(RunInputStats, self.request("GET", path, params=params))
+
+    def input_stats_all_ranks(self, run_id: int) -> RunInputStats:
+        """:meth:`input_stats` with every rank that reported, slowest first (a page of
+        256 ranks a request)."""
+        first = self.input_stats(run_id, limit=MAX_RANKS)
+        ranks, cursor = list(first.ranks), first.next_cursor
+        while cursor is not None:
+            page = self.input_stats(run_id, limit=MAX_RANKS, cursor=cursor)
+            ranks += page.ranks
+            cursor = page.next_cursor
+        return first.model_copy(update={"ranks": ranks, "next_cursor": None})
 
     def get_checkpoint(self, run_id: int, step: int) -> CheckpointPublic:
         """The checkpoint at ``step`` (NotFoundError if none)."""

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from shardstream.api_client._input_view import input_lines
+from shardstream.api_client._input_view import SLOWEST, input_lines
 
 __all__ = ["register"]
 
@@ -116,7 +116,9 @@ def _runs(args: argparse.Namespace) -> int:
             return _audit(args, api.audit_run(args.run))
         run = _run_row(api.get_run(args.run).model_dump(mode="json"))
         checkpoints = [c.model_dump(mode="json") for c in api.list_checkpoints(args.run)]
-        inputs = api.input_stats(args.run).model_dump(mode="json")
+        # The table lists the slowest ranks; --json has every rank (fetched a page at a time).
+        inputs = (api.input_stats_all_ranks(args.run) if args.json
+                  else api.input_stats(args.run, limit=SLOWEST)).model_dump(mode="json")  # fmt: skip
         if args.json:
             return _print_json({**run, "checkpoints": checkpoints, "input_stats": inputs})
         _out(args, run, ["id", "name", "status", "sources", "seed", "created_by"], single=True)

@@ -107,10 +107,19 @@ class RunInputSummary(PublicModel):
     """The slowest rank's wait share (its latest window)."""
 
 
+DEFAULT_RANKS = 32
+"""Ranks ``GET /v1/runs/{id}/input-stats`` returns by default (the slowest)."""
+MAX_RANKS = 256
+"""The most ranks one answer holds (``limit``): about 1.3 KB each, so an answer stays
+well under half a megabyte whatever the world size; ``next_cursor`` pages on."""
+
+
 class RunInputStats(PublicModel):
-    """A run's input figures: every rank that reported (slowest first: highest wait
-    share), the run's verdict (the most common among input-bound ranks, if at least one
-    rank is input-bound) and the ranks that never reported (below the largest world size
+    """A run's input figures: its slowest ranks (highest wait share first, a page of at
+    most ``limit``; ``next_cursor`` gives the next), the run's verdict (the most common
+    among input-bound ranks, if at least one rank is input-bound, ``io_bound`` on a tie),
+    the figures over all ranks that reported (``wait_share``, ``ranks_reporting``,
+    ``verdict_counts``) and the ranks that never reported (below the largest world size
     reported; at most :data:`MAX_MISSING_LISTED` listed, ``missing_count`` all of them)."""
 
     run_id: int
@@ -121,3 +130,8 @@ class RunInputStats(PublicModel):
     ranks: list[RankInputStats]
     missing: list[int]
     missing_count: int
+    ranks_reporting: int = 0
+    verdict_counts: dict[str, int] = Field(default_factory=dict)
+    """Ranks per verdict (of their latest window)."""
+    next_cursor: str | None = None
+    """Pass back as ``cursor`` for the next slowest ranks (None: no more)."""

@@ -19,6 +19,9 @@ from fastapi.testclient import TestClient
 from shardstream.api_client import APIClient
 from shardstream.cli import main
 from shardstream.server.config import Settings
+from shardstream.server.data import input_stats as input_stats_data
+from shardstream.wire import InputStatsReport
+from shardstream.wire._input_stats import DEFAULT_RANKS, MAX_RANKS
 from tests.fixtures.server import LiveServer
 from tests.server.conftest import ADMIN
 from tests.server.test_console import sign_in
@@ -187,6 +190,56 @@ def test_lists_of_runs_flag_input_bound_runs_with_one_query_per_page(
     assert ">not input bound</span>" in cells[fine]
     assert "no figures" in cells[silent] and "badge failed" not in cells[silent]
     assert ">cpu bound</span> 2 of 2 ranks" in cells[cpu]
+
+
+def test_input_stats_of_4096_ranks_are_bounded_by_default_and_page_slowest_first(
+    api: TestClient, app: FastAPI, tmp_path: Path
+) -> None:
+    run = _run(api, tmp_path)["id"]
+    world = 4096
+    with app.state.sessionmaker.begin() as session:  # what 4,095 ranks' commits store
+        for rank in range(1, world):  # rank 0 never reports
+            wait = (rank % 97) / 10
+            stats = report(
+                rank, world, wait, 10.0 - wait, **({"verdict": "cpu_bound"} if rank % 2 else {})
+            )
+            input_stats_data.record(session, run, 10, InputStatsReport.model_validate(stats))
+    r = api.get(f"/v1/runs/{run}/input-stats")
+    assert r.status_code == 200
+    assert len(r.content) < 64_000, len(r.content)  # every rank: about 5 MB
+    got = r.json()
+    assert len(got["ranks"]) == DEFAULT_RANKS and got["ranks_reporting"] == world - 1
+    assert got["missing"] == [0] and got["missing_count"] == 1 and got["world_size"] == world
+    assert got["verdict_counts"] == {"cpu_bound": 2048, "io_bound": 1833, "not_input_bound": 214}
+    assert got["verdict"] == "cpu_bound"
+    expected_wait = sum((rank % 97) / 10 for rank in range(1, world))
+    assert round(got["wait_share"], 6) == round(expected_wait / (10.0 * (world - 1)), 6)
+    # The largest page stays under half a megabyte; pages cover every rank once, slowest first.
+    seen: list[tuple[float, int]] = []
+    cursor = None
+    while True:
+        params: dict[str, Any] = {"limit": MAX_RANKS} | ({"cursor": cursor} if cursor else {})
+        page = api.get(f"/v1/runs/{run}/input-stats", params=params)
+        assert len(page.content) < 512_000, len(page.content)
+        body = page.json()
+        seen += [(r["wait_share"], r["rank"]) for r in body["ranks"]]
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+    assert [rank for _, rank in seen] == [
+        rank for _, rank in sorted(seen, key=lambda x: (-x[0], x[1]))
+    ]
+    assert sorted(rank for _, rank in seen) == list(range(1, world))
+    # Bad paging parameters: one 422 naming the parameter.
+    for bad, name in (({"limit": 0}, "limit"), ({"limit": MAX_RANKS + 1}, "limit"),
+                      ({"cursor": "x/1"}, "cursor"), ({"cursor": "0.5/-1"}, "cursor"),
+                      ({"cursor": "nan/1"}, "cursor")):  # fmt: skip
+        r = api.get(f"/v1/runs/{run}/input-stats", params=bad)
+        assert r.status_code == 422 and name in r.json()["detail"], (bad, r.text)
+    # The run page lists the 16 slowest and says how many reported.
+    page_text = sign_in(app, ADMIN).get(f"/ui/runs/{run}").text
+    assert page_text.count('id="input-rank-') == 16
+    assert "The 16 slowest ranks of 4095" in page_text
 
 
 def test_runs_show_prints_wait_share_verdict_and_silent_ranks(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Request, Response, status
+from fastapi import APIRouter, Path, Query, Request, Response, status
 from sqlalchemy.orm import Session
 
 from shardstream.errors import ConflictError
@@ -25,6 +25,7 @@ from shardstream.wire import (
     RunPublic,
     RunUpdate,
 )
+from shardstream.wire._input_stats import DEFAULT_RANKS, MAX_RANKS
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"], responses=ERRORS)
 
@@ -159,10 +160,22 @@ def audit_run(run_id: RunId, session: SessionDep, who: Reader) -> dict[str, Any]
     return audit_data.audit(session, run_id)
 
 
+RankLimit = Annotated[
+    int, Query(ge=1, le=MAX_RANKS, description="ranks per answer (the slowest first)")
+]
+
+
 @router.get("/{run_id}/input-stats")
-def input_stats(run_id: RunId, session: SessionDep, who: Reader) -> RunInputStats:
-    """Is the run waiting for data? Each rank's data-wait share, batch-ready latency,
-    storage and cache figures and verdict (slowest first), from its checkpoint commits,
-    and the ranks that never reported (see docs/training.md)."""
+def input_stats(
+    run_id: RunId,
+    session: SessionDep,
+    who: Reader,
+    cursor: Cursor = None,
+    limit: RankLimit = DEFAULT_RANKS,
+) -> RunInputStats:
+    """Is the run waiting for data? Its verdict, data-wait share and ranks per verdict over
+    all its ranks, the ranks that never reported, and its ``limit`` slowest ranks (data-wait
+    share, batch-ready latency, storage and cache figures, verdict), from their checkpoint
+    commits; ``next_cursor`` pages through the rest, slowest first (see docs/training.md)."""
     data.require_readable(session, who, run_id)
-    return input_stats_data.for_run(session, run_id)
+    return input_stats_data.for_run(session, run_id, limit=limit, cursor=cursor)
