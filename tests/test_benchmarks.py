@@ -75,6 +75,25 @@ def test_commit_burst_makes_every_rank_durable(postgres_server_url: str) -> None
 
 
 @pytest.mark.timeout(300)
+def test_ledger_commits_every_step_and_proves_the_run(postgres_server_url: str) -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "ledger.py"), "--ranks", "16"]
+    cmd += ["--steps", "3", "--audit-steps", "2000", "--processes", "2", "--warmup-s", "1"]
+    env = {**os.environ, "SHARDSTREAM_TEST_POSTGRES": postgres_server_url}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=280, env=env, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]  # it fails unless the audit proves the run
+    rows = {
+        line[:28].strip(): [float(v) for v in line[28:].split() if v != "-"]
+        for line in done.stdout.split("CPUs\n", 1)[1].splitlines()[1:]
+        if line.strip()
+    }
+    assert rows["requests"] == [48.0, 48.0]
+    assert rows["201 new"] == [3.0, 3.0] and rows["200 replay"] == [45.0, 45.0]
+    assert rows["errors"] == [0.0, 0.0]
+    assert rows["audited steps"] == [2000.0, 2000.0]
+    assert all(v > 0 for v in rows["bytes/step"] + rows["audit s"])
+
+
+@pytest.mark.timeout(300)
 def test_index_startup_opens_the_dataset_every_way() -> None:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "index_startup.py"), "--shards", "300"]
     cmd += ["--ranks", "2", "--database", "sqlite"]
@@ -108,6 +127,7 @@ def test_cloud_read_runs_every_reader_through_the_emulator(tmp_path: Path) -> No
     expected = once + [f"{label}, no reuse" for label in once]  # --reuse on,off by default
     expected += [f"shardstream {m}, resumed at 90%" for m in modes]
     expected += ["shardstream cache, 30% SlowDown", "shardstream cache, 2 nodes"]
+    expected += ["shardstream cache, stats off"]  # the input figures' cost (issue 27)
     assert sorted(rows) == sorted(expected), done.stdout
     for label, cells in rows.items():
         first_batch, samples_s, fetched, requests = (
