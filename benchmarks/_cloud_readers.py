@@ -53,7 +53,9 @@ def _shardstream(spec: dict[str, Any]) -> Any:
         extra["memory_budget_bytes"] = int(spec["memory_budget"])
     cache = CacheOptions(dir=Path(spec["cache"]), **extra)
     ds = StreamingDataset(spec["url"], BATCH, plan=PlanOptions(shuffle=True, seed=0), cache=cache)
-    loader = ShardstreamLoader(ds, num_workers=WORKERS)
+    # stats=False only when asked: a --baseline checkout may predate the option.
+    off = {} if spec.get("stats", True) else {"stats": False}
+    loader = ShardstreamLoader(ds, num_workers=WORKERS, **off)
     if spec.get("resume"):
         state = loader.state_dict()
         state["batch"] = int(len(loader) * spec["resume"])

@@ -9,7 +9,8 @@ the client lacks is skipped with a note), MosaicML Streaming and LitData in thei
 documented S3 configurations (``S3_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL`` pointed at the
 emulator); then the first batch after resuming at 90%, the same epoch with 5% of
 requests answered 503 SlowDown, and ``--nodes`` nodes (processes with their own caches)
-reading at once.
+reading at once. The first mode also runs with the loader's input figures off
+(``stats=False``), right after the same read with them on, to show what they cost.
 
     python benchmarks/cloud_read.py [--shard-mb 64,256] [--shards 16] [--nodes 4]
 
@@ -425,6 +426,11 @@ def main() -> int:
                             old = {**spec, "root": str(args.baseline.resolve())}
                             one(f"shardstream {mode}, before{tag}", name, [old], size)
                         one(f"shardstream {mode}{who}{tag}", name, [spec], size)
+                        if writer == "ours" and mode == modes[0] and reuse != "off":
+                            # The input figures' cost (issue 27): the same read without
+                            # them, right after, in the same emulator.
+                            off = {**spec, "stats": False}
+                            one(f"shardstream {mode}, stats off", name, [off], size)
                 for peer in peers:
                     is_lit = peer.startswith("litdata")
                     url = lit if is_lit else mds
