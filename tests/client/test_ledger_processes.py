@@ -1,10 +1,10 @@
 """The run's ledger proven through real processes (issue 24, DESIGN §4).
 
-One run on a real server (SQLite), three starts of a real ``torch.distributed`` gloo job
-(see :mod:`tests.harness`): 8 ranks, SIGKILLed mid-epoch; 4 ranks resumed at the step of
-the server's newest checkpoint (the trainer's model step), SIGKILLed again; 6 ranks
-resumed the same way to the end of the epoch. Rank 0 commits the loader's state after
-every checkpoint all ranks saved. Then:
+One run on a real server (on SQLite, and on PostgreSQL), three starts of a real
+``torch.distributed`` gloo job (see :mod:`tests.harness`): 8 ranks, SIGKILLed
+mid-epoch; 4 ranks resumed at the step of the server's newest checkpoint (the trainer's
+model step), SIGKILLed again; 6 ranks resumed the same way to the end of the epoch.
+Rank 0 commits the loader's state after every checkpoint all ranks saved. Then:
 
 * the consumed sequence (each start's steps up to the next start's resume point) is the
   plan's global order, every sample of the epoch exactly once;
@@ -21,6 +21,7 @@ Sizes stay small (8 ranks share the machine's cores): 768 samples, global batche
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,7 @@ from shardstream.api_client import APIClient
 from shardstream.shard_builder.publish import register_index
 from tests.client.test_elastic_resume import default_plan
 from tests.client.test_ledger_resume import audit_cli
-from tests.fixtures.server import LiveServer
+from tests.fixtures.server import LiveServer, server_storage_roots, start_server
 from tests.harness.config import DataSettings, ServerResume, StateDictResume, TrainerConfig
 from tests.harness.datasets import write_id_dataset
 from tests.harness.job import Job, JobError
@@ -42,6 +43,15 @@ STEPS = 32
 NUM_SAMPLES = GLOBAL_BATCH * STEPS
 CKPT_EVERY = 4
 SEED = 11
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LiveServer]:
+    """A fresh server on each database (datasets registered in place under ``tmp_path``)."""
+    url = None if request.param == "sqlite" else request.getfixturevalue("postgres_url")
+    roots = server_storage_roots(tmp_path, request)
+    with start_server(tmp_path / "server", database_url=url, storage_roots=roots) as server:
+        yield server
 
 
 def _latest(api: APIClient, run: int) -> int:
@@ -61,8 +71,9 @@ def _check_steps(log: AttemptLog, first: int, last: int, plan: object) -> None:
 
 @pytest.mark.slow
 def test_elastic_8_4_6_ranks_with_kills_is_proven_by_the_audit(
-    tmp_path: Path, live_server: LiveServer
+    tmp_path: Path, ledger_server: LiveServer
 ) -> None:
+    live_server = ledger_server
     index = write_id_dataset(tmp_path / "data", NUM_SAMPLES, min_shard=30, max_shard=120)
     with APIClient(live_server.url, live_server.token) as api:
         version = register_index(api, str(tmp_path / "data" / "index.json"), "ledger-ids")
