@@ -146,16 +146,20 @@ class _GreedyShards:
         if not self._pending:
             return
         position = len(self.shards)
-        info = write_shard(
-            self._sink.staging,
-            shard_key(position, self._config.spread_prefixes),
-            self._columns,
-            self._pending,
-            **self._config.shard_format(),
+        state = shard_state(self.skipped, next_item, final=final)
+        pending = self._pending
+        info = self._journal.take_or_store(
+            position,
+            state,
+            lambda: write_shard(
+                self._sink.staging,
+                shard_key(position, self._config.spread_prefixes),
+                self._columns,
+                pending,
+                **self._config.shard_format(),
+            ),
         )
         self.shards.append(info)
-        state = shard_state(self.skipped, next_item, final=final)
-        self._sink.stored(info, lambda: self._journal.record(position, info, state))
         self._pending = []
 
 
@@ -295,7 +299,12 @@ def run_image_build(
     finally:
         sink.close()
     return completed_result(
-        sink, index, metadata, config=config, reused_shards=len(finished), started=started
+        sink,
+        index,
+        metadata,
+        config=config,
+        reused_shards=len(finished) + journal.reused_later,
+        started=started,
     )
 
 

@@ -13,9 +13,9 @@ Ray cluster each worker records the shard it writes itself (:func:`record_done`,
 shard appears under its name), so shards finish and are recorded in any order. On resume each
 entry is checked against the stored shard (size, and hash where the shard is local) and the
 build continues after the longest prefix that checks out; entries past a gap that check out
-too are kept (:meth:`BuildJournal.reusable`), and the build takes those shards as they are
-instead of writing them again. The index is written last and the journal is deleted after
-it, so a partial build never looks complete.
+too are kept (:meth:`BuildJournal.reusable`), and the build, run on Ray again or locally,
+takes those shards as they are instead of writing them again. The index is written last
+and the journal is deleted after it, so a partial build never looks complete.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,6 +124,19 @@ class BuildJournal:
             return None
         self.reused_later += 1
         return entry.info
+
+    def take_or_store(
+        self, position: int, resume: dict[str, Any], write: Callable[[], ShardInfo]
+    ) -> ShardInfo:
+        """Shard ``position`` for a producer that writes shards here (the local builder):
+        as a killed run stored it where :meth:`reusable` vouches for it (a Ray build left
+        it past the first gap), else ``write()`` into the sink's staging, then stored and
+        recorded. The Ray builder asks :meth:`reusable` itself: its workers write."""
+        if (info := self.reusable(position, resume)) is not None:
+            return info
+        info = write()
+        self._sink.stored(info, lambda: self.record(position, info, resume))
+        return info
 
     def _keys(self, prefix: str) -> list[str]:
         # Listed by the folder name without its trailing "/" (then filtered): S3Store.list

@@ -245,7 +245,12 @@ def run_text_build(
     finally:
         sink.close()
     return completed_result(
-        sink, index, metadata, config=config, reused_shards=len(done), started=started
+        sink,
+        index,
+        metadata,
+        config=config,
+        reused_shards=len(done) + journal.reused_later,
+        started=started,
     )
 
 
@@ -262,15 +267,19 @@ def _produce_locally(job: TextJob) -> TextTotals:
 
     def write(block: npt.NDArray[Any], info_resume: dict[str, Any]) -> None:
         position = len(shards)
-        info = write_shard_arrays(
-            sink.staging,
-            shard_key(position, config.spread_prefixes),
-            job.columns,
-            {config.column: block},
-            **config.shard_format(),
+        shards.append(
+            job.journal.take_or_store(
+                position,
+                info_resume,
+                lambda: write_shard_arrays(
+                    sink.staging,
+                    shard_key(position, config.spread_prefixes),
+                    job.columns,
+                    {config.column: block},
+                    **config.shard_format(),
+                ),
+            )
         )
-        shards.append(info)
-        sink.stored(info, lambda: job.journal.record(position, info, info_resume))
 
     packer = TokenPacker(config.seq_len, job.samples_per_shard, job.dtype, start)
     tasks = (

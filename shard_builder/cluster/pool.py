@@ -50,11 +50,9 @@ def build_on_pool(
     pool's start-up time (``workers_start_s``)."""
     stats: list[WorkerStats] = []
     timings: dict[str, float] = {}
-    journals: list[Any] = []  # the attempt's journal: shards it took past the first gap
     nodes: set[str] = set()  # the nodes the attempt's workers ran on
 
     def produce(job: J) -> T:
-        journals[:] = [getattr(job, "journal", None)]
         started = time.perf_counter()
         with worker_pool(ray, config, options) as pool:
             nodes.update(pool.nodes)
@@ -80,12 +78,10 @@ def build_on_pool(
             )
             wait_for_lost_nodes(ray, nodes, options.node_loss_wait_s)
             nodes.clear()
-    later = getattr(journals[0], "reused_later", 0) if journals else 0
     return replace(
         result,
         workers=tuple(stats),
         timings={**result.timings, **timings},
-        reused_shards=result.reused_shards + later,
     )
 
 

@@ -7,11 +7,16 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from shardstream.shard_builder import ImageBuildConfig, TextBuildConfig, build_images, build_text
+from shardstream.shard_builder.images import ImageJob, run_image_build
+from shardstream.shard_builder.images import _produce_locally as _produce_images_locally
+from shardstream.shard_builder.text import TextJob, TextTotals, run_text_build
+from shardstream.shard_builder.text import _produce_locally as _produce_text_locally
 from shardstream.storage import open_store
 from tests.builder.conftest import dir_bytes, jpeg_bytes, make_docs, read_with_ours, write_jsonl
 from tests.fixtures.s3 import S3Bucket
@@ -160,3 +165,91 @@ def test_s3_build_killed_and_rerun_matches_a_clean_build(
     reference = dir_bytes(tmp_path / "ref")
     stored = {key: store.read_bytes(key) for key, _ in store.list()}
     assert stored == reference  # journal gone, every shard identical, nothing extra
+
+
+class _DriverKilled(Exception):
+    """Stands for the SIGKILL of a Ray driver: the build stops with its journal in place."""
+
+
+def _left_behind_by_a_cluster(run: Callable[[], object], out: Path, gap: range) -> list[str]:
+    """The output of a cluster build whose driver died: journal entries and shards from 0 on,
+    but none at the ``gap`` positions (their workers had not finished; Ray workers journal a
+    shard, with the same entry the local builder writes, before putting it under its name,
+    in any order). Returns the names of the shards past the gap."""
+    with pytest.raises(_DriverKilled):
+        run()
+    done = out / ".shardstream-build" / "done"
+    shards = sorted(out.glob("shard.*.mds"))
+    assert len(shards) > gap.stop + 2 and not (out / "index.json").exists()
+    for position in gap:
+        (out / f"shard.{position:05d}.mds").unlink()
+        (done / f"shard.{position:05d}.mds.json").unlink()
+    return [p.name for p in shards[gap.stop :]]
+
+
+def _files(out: Path, names: list[str]) -> dict[str, tuple[int, int]]:
+    return {n: ((out / n).stat().st_ino, (out / n).stat().st_mtime_ns) for n in names}
+
+
+def test_local_rerun_takes_a_cluster_builds_shards_past_the_journals_gap(
+    tmp_path: Path, tokenizer_file: Path
+) -> None:
+    # A Ray build killed mid-way, then re-run without --ray: the shards past the gap in its
+    # journal are taken as they are (same file), not written again, as a Ray re-run does.
+    docs = make_docs(3000, seed=5, max_words=80)
+    write_jsonl(tmp_path / "a.jsonl", docs)
+    out = tmp_path / "out"
+
+    def config(output: Path) -> TextBuildConfig:
+        return TextBuildConfig(
+            output=str(output), inputs=(str(tmp_path / "a.jsonl"),), tokenizer=tokenizer_file,
+            seq_len=64, shard_size=8192, allow_small_shards=True, chunk_bytes=32 << 10,
+            workers=1, progress=False,
+        )  # fmt: skip
+
+    def killed_after_every_shard(job: TextJob) -> TextTotals:
+        _produce_text_locally(job)
+        raise _DriverKilled
+
+    later = _left_behind_by_a_cluster(
+        lambda: run_text_build(config(out), killed_after_every_shard), out, range(2, 4)
+    )
+    before = _files(out, later)
+
+    result = build_text(config(out))
+    assert _files(out, later) == before  # not one of them written again
+    assert result.reused_shards == 2 + len(later)
+    build_text(config(tmp_path / "ref"))
+    assert dir_bytes(out) == dir_bytes(tmp_path / "ref")
+
+
+def test_local_image_rerun_takes_a_cluster_builds_shards_past_the_journals_gap(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "images"
+    for label in range(2):
+        (root / f"class{label}").mkdir(parents=True)
+        for i in range(60):
+            (root / f"class{label}" / f"{i:04d}.jpg").write_bytes(jpeg_bytes(label * 100 + i))
+    out = tmp_path / "out"
+
+    def config(output: Path) -> ImageBuildConfig:
+        return ImageBuildConfig(
+            output=str(output), inputs=(str(root),), shard_size=8 << 10,
+            allow_small_shards=True, workers=1, progress=False,
+        )  # fmt: skip
+
+    def killed_after_every_shard(job: ImageJob) -> None:
+        _produce_images_locally(job)
+        raise _DriverKilled
+
+    later = _left_behind_by_a_cluster(
+        lambda: run_image_build(config(out), killed_after_every_shard), out, range(1, 2)
+    )
+    before = _files(out, later)
+
+    result = build_images(config(out))
+    assert _files(out, later) == before
+    assert result.reused_shards == 1 + len(later)
+    build_images(config(tmp_path / "ref"))
+    assert dir_bytes(out) == dir_bytes(tmp_path / "ref")
