@@ -18,7 +18,10 @@ token authentication by it.
 from __future__ import annotations
 
 import os
+import re
 import secrets
+import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,6 +32,8 @@ from shardstream.errors import ConfigError
 MODE_ENV = "RAY_AUTH_MODE"
 TOKEN_ENV = "RAY_AUTH_TOKEN"
 TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
+# Ray's log line for a GCS that refused the probe's token (gcs_client.cc), left out.
+_REFUSED_PROBE = re.compile(rb"Failed to get cluster ID from GCS server: .*InvalidAuthToken")
 _FIX = (
     "give this machine the cluster's token: copy the head's ~/.ray/auth_token to "
     "~/.ray/auth_token here, or set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH, a file that "
@@ -100,7 +105,7 @@ def _probe(ray: Any, address: str, settings: dict[str, str]) -> str:
     """``ok``, ``unauthenticated`` or ``unreachable``: whether the GCS at ``address``
     answers a client with ``settings`` (Ray's own client: it fails at once on a token the
     cluster does not accept)."""
-    with environment(ray, settings):
+    with environment(ray, settings), _expected_refusal_unlogged():
         try:
             ray._raylet.GcsClient(address=address)
         except ray.exceptions.AuthenticationError:
@@ -108,6 +113,38 @@ def _probe(ray: Any, address: str, settings: dict[str, str]) -> str:
         except Exception:
             return "unreachable"
     return "ok"
+
+
+@contextmanager
+def _expected_refusal_unlogged() -> Iterator[None]:
+    """The block's writes to standard error, less Ray's warning that the GCS refused the
+    probe's token (``Failed to get cluster ID ... InvalidAuthToken``).
+
+    That refusal is the answer the probe asks for (it then goes on with a token, or stops
+    with an error that says why), but Ray's C++ client logs it as a warning straight to
+    file descriptor 2, where it reads as a failure of a build that then works. So fd 2 goes
+    to a temporary file for the probe (a few milliseconds: the GCS answers or refuses at
+    once) and everything else written there is passed on afterwards, in order.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with tempfile.TemporaryFile() as captured:
+            os.dup2(captured.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+                captured.seek(0)
+                kept = [
+                    line
+                    for line in captured.read().splitlines(keepends=True)
+                    if not _REFUSED_PROBE.search(line)
+                ]
+                if kept:
+                    os.write(2, b"".join(kept))
+    finally:
+        os.close(saved)
 
 
 @contextmanager

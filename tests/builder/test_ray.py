@@ -430,6 +430,10 @@ def test_cli_ray_joins_a_token_authenticated_cluster_or_names_the_missing_token(
         )
         assert done.returncode == 0, done.stderr[-3000:]
         assert (tmp_path / "with-token" / "index.json").exists()
+        # The probe's first, tokenless ask is refused, as expected: Ray's warning about it
+        # is not shown (it read as a failure of a build that worked).
+        assert "InvalidAuthToken" not in done.stderr, done.stderr[-3000:]
+        assert "Failed to get cluster ID" not in done.stderr, done.stderr[-3000:]
 
         # No token here: one error that names token authentication and the fix.
         done = _build_as_a_user(
