@@ -24,16 +24,12 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
-import secrets
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 from _rawhttp import RawClient
-from server_load import RANKS_PER_NODE, _database, _drop, _free_port, _seed, _wait_ready
+from server_load import RANKS_PER_NODE, _seed, bench_server
 
 try:
     import uvloop
@@ -110,28 +106,9 @@ def _sdk_ranks(
 
 def run_backend(backend: str, args: argparse.Namespace) -> dict[str, float]:
     """One burst against a fresh server on ``backend``."""
-    tmp = Path(tempfile.mkdtemp(prefix=f"ss-burst-{backend}-"))
-    url, pg_name = _database(backend, tmp)
-    port = _free_port()
-    admin = "ss_bench_" + secrets.token_urlsafe(24)
-    workers = args.sqlite_workers if backend == "sqlite" else args.pg_workers
-    env = {
-        **os.environ,
-        "SHARDSTREAM_ADMIN_TOKEN": admin,
-        "SHARDSTREAM_LOG_LEVEL": "WARNING",
-        "SHARDSTREAM_DB_POOL_SIZE": "16",
-        # One token stands for every simulated rank: the per-token budget would refuse
-        # most of the load (429); this measures the server's own capacity.
-        "SHARDSTREAM_TOKEN_CONCURRENCY": "0",
-        "SHARDSTREAM_TOKEN_BUSY_S": "0",
-        "SHARDSTREAM_STORAGE_ROOTS": str(tmp),
-    }
-    cmd = [sys.executable, "-m", "shardstream", "server", "--database-url", url]
-    cmd += ["--port", str(port), "--data-dir", str(tmp), "--workers", str(workers)]
-    server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(server, base)
+    with bench_server(backend, args, "burst") as srv:
+        tmp, port, base = srv.tmp, srv.port, srv.base
+        admin = srv.admin_token
         seed = argparse.Namespace(shards=8, ranks=args.ranks + args.sdk_ranks * RANKS_PER_NODE)
         token, runs = _seed(base, admin, tmp / "shards", seed)
         raw = [(r, runs[r // RANKS_PER_NODE]) for r in range(args.ranks)]
@@ -168,10 +145,6 @@ def run_backend(backend: str, args: argparse.Namespace) -> dict[str, float]:
             "step blocked max ms": float(blocked_ms.max()),
             "SDK durable max s": float(max(sdk_durable)),
         }
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        _drop(pg_name)
 
 
 def main() -> None:

@@ -23,10 +23,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import secrets
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -117,19 +113,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="uvicorn workers (PostgreSQL)")
     args = parser.parse_args()
 
-    tmp = Path(tempfile.mkdtemp(prefix="ss-startup-"))
-    url, pg_name = server_load._database(args.database, tmp)
-    port = server_load._free_port()
-    base = f"http://127.0.0.1:{port}"
-    admin = "ss_bench_" + secrets.token_urlsafe(24)
-    env = {**os.environ, "SHARDSTREAM_ADMIN_TOKEN": admin, "SHARDSTREAM_LOG_LEVEL": "WARNING"}
-    env["SHARDSTREAM_STORAGE_ROOTS"] = str(tmp)  # the admin registers tmp/shards in place
-    workers = args.workers if args.database == "postgresql" else 1
-    cmd = [sys.executable, "-m", "shardstream", "server", "--database-url", url]
-    cmd += ["--port", str(port), "--data-dir", str(tmp), "--workers", str(workers)]
-    server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        server_load._wait_ready(server, base)
+    workers = argparse.Namespace(sqlite_workers=1, pg_workers=args.workers)
+    with server_load.bench_server(args.database, workers, "startup") as srv:
+        tmp, base, admin = srv.tmp, srv.base, srv.admin_token
         t0 = time.perf_counter()
         _register(base, admin, tmp / "shards", args.shards)
         print(
@@ -151,10 +137,6 @@ def main() -> None:
             p.join()
         results[f"cold node, {args.ranks} ranks at once (slowest)"] = max(per_rank)
         results["restart (node cache)"] = _open(base, admin, str(tmp / "node-a"))
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        server_load._drop(pg_name)
     base_s = results["previous client, every rank"]
     print(f"\nindex_startup: {args.shards:,} shards, {args.database}, {os.cpu_count()} CPUs")
     print(f"{'open StreamingDataset by name':<40} {'seconds':>9} {'vs previous':>12}")

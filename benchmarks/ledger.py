@@ -29,9 +29,7 @@ import functools
 import json
 import multiprocessing as mp
 import os
-import secrets
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,8 +39,8 @@ from typing import Any
 
 import httpx
 from _rawhttp import RawClient
-from server_load import _cpu_seconds, _database, _drop, _free_port, _seed, _wait_ready
-from sqlalchemy import create_engine, insert, text, update
+from server_load import BenchServer, _cpu_seconds, _seed, bench_server
+from sqlalchemy import Engine, create_engine, insert, text, update
 
 try:
     import uvloop
@@ -276,63 +274,49 @@ def _write_history(engine: Any, run: int, steps: int, backend: str) -> int:
 
 
 def run_backend(backend: str, args: argparse.Namespace) -> dict[str, float]:
-    tmp = Path(tempfile.mkdtemp(prefix=f"ss-ledger-{backend}-"))
-    url, pg_name = _database(backend, tmp)
-    port = _free_port()
-    admin = "ss_bench_" + secrets.token_urlsafe(24)
-    workers = args.sqlite_workers if backend == "sqlite" else args.pg_workers
-    env = {
-        **os.environ,
-        "SHARDSTREAM_ADMIN_TOKEN": admin,
-        "SHARDSTREAM_LOG_LEVEL": "WARNING",
-        "SHARDSTREAM_DB_POOL_SIZE": "16",
-        # One token stands for every simulated rank (see server_load.py).
-        "SHARDSTREAM_TOKEN_CONCURRENCY": "0",
-        "SHARDSTREAM_TOKEN_BUSY_S": "0",
-        "SHARDSTREAM_STORAGE_ROOTS": str(tmp),
-    }
-    cmd = [sys.executable, "-m", "shardstream", "server", "--database-url", url]
-    cmd += ["--port", str(port), "--data-dir", str(tmp), "--workers", str(workers)]
-    server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base = f"http://127.0.0.1:{port}"
-    engine = create_engine(url)
-    try:
-        _wait_ready(server, base)
-        token, runs = _seed(base, admin, tmp / "shards", argparse.Namespace(shards=SHARDS, ranks=1))
+    with bench_server(backend, args, "ledger") as srv:
+        engine = create_engine(srv.database_url)
+        try:
+            return _measure(backend, args, srv, engine)
+        finally:
+            engine.dispose()
+            if args.keep:
+                print(f"{backend}: kept {srv.tmp}", file=sys.stderr)
+            else:
+                shutil.rmtree(srv.tmp, ignore_errors=True)
 
-        def cpu() -> dict[str, float]:
-            seconds = {"server": _cpu_seconds(server.pid)}
-            if backend != "sqlite":
-                seconds["postgres"] = _cpu_seconds(None, command="postgres")
-            return seconds
 
-        result = _commits(base, port, token, runs[0], args, cpu) if args.steps else {}
-        grown = _write_history(engine, runs[1], args.audit_steps, backend)
-        result["audited steps"] = float(args.audit_steps)
-        result["bytes/step"] = grown / args.audit_steps
-        result["GB per 1M steps"] = grown / args.audit_steps * 1e6 / 1e9
-        start = time.perf_counter()
-        response = httpx.get(
-            f"{base}/v1/runs/{runs[1]}/audit",
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=600,
-        )
-        result["audit s"] = time.perf_counter() - start
-        response.raise_for_status()
-        report = response.json()
-        if not report["ok"] or report["checkpoints"] != args.audit_steps:
-            raise RuntimeError(f"the audit did not prove the run: {report['failures'][:5]}")
-        result["audited epochs"] = float(len(report["epochs"]))
-        return result
-    finally:
-        engine.dispose()
-        server.terminate()
-        server.wait(timeout=30)
-        _drop(pg_name)
-        if args.keep:
-            print(f"{backend}: kept {url}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+def _measure(
+    backend: str, args: argparse.Namespace, srv: BenchServer, engine: Engine
+) -> dict[str, float]:
+    """Commits per second at ``--ranks``, storage per step, and the audit's time."""
+    seed = argparse.Namespace(shards=SHARDS, ranks=1)
+    token, runs = _seed(srv.base, srv.admin_token, srv.tmp / "shards", seed)
+
+    def cpu() -> dict[str, float]:
+        seconds = {"server": _cpu_seconds(srv.process.pid)}
+        if backend != "sqlite":
+            seconds["postgres"] = _cpu_seconds(None, command="postgres")
+        return seconds
+
+    result = _commits(srv.base, srv.port, token, runs[0], args, cpu) if args.steps else {}
+    grown = _write_history(engine, runs[1], args.audit_steps, backend)
+    result["audited steps"] = float(args.audit_steps)
+    result["bytes/step"] = grown / args.audit_steps
+    result["GB per 1M steps"] = grown / args.audit_steps * 1e6 / 1e9
+    start = time.perf_counter()
+    response = httpx.get(
+        f"{srv.base}/v1/runs/{runs[1]}/audit",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=600,
+    )
+    result["audit s"] = time.perf_counter() - start
+    response.raise_for_status()
+    report = response.json()
+    if not report["ok"] or report["checkpoints"] != args.audit_steps:
+        raise RuntimeError(f"the audit did not prove the run: {report['failures'][:5]}")
+    result["audited epochs"] = float(len(report["epochs"]))
+    return result
 
 
 def main() -> None:

@@ -47,7 +47,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -427,9 +428,24 @@ def _wait_ready(server: subprocess.Popen[bytes], base: str) -> None:
         time.sleep(0.1)
 
 
-def run_backend(backend: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    """Start a server on ``backend``, seed it, run the load; phase summaries."""
-    tmp = Path(tempfile.mkdtemp(prefix=f"ss-bench-{backend}-"))
+@dataclass
+class BenchServer:
+    """A ``shardstream server`` of a benchmark: its folder, database URL and address."""
+
+    tmp: Path
+    database_url: str
+    port: int
+    base: str
+    admin_token: str
+    process: subprocess.Popen[bytes]
+
+
+@contextmanager
+def bench_server(backend: str, args: argparse.Namespace, prefix: str) -> Iterator[BenchServer]:
+    """``shardstream server`` under uvicorn on loopback over a fresh ``backend`` database
+    (``--sqlite-workers`` / ``--pg-workers`` processes), ready; stopped and its PostgreSQL
+    database dropped at the end. Shared by the server benchmarks."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"ss-{prefix}-{backend}-"))
     url, pg_name = _database(backend, tmp)
     port = _free_port()
     admin_token = "ss_bench_" + secrets.token_urlsafe(24)
@@ -448,27 +464,37 @@ def run_backend(backend: str, args: argparse.Namespace) -> dict[str, dict[str, f
     cmd = [sys.executable, "-m", "shardstream", "server", "--database-url", url]
     cmd += ["--port", str(port), "--data-dir", str(tmp), "--workers", str(workers)]
     server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(server, f"http://127.0.0.1:{port}")
-        token, runs = _seed(f"http://127.0.0.1:{port}", admin_token, tmp / "shards", args)
+        _wait_ready(server, base)
+        yield BenchServer(tmp, url, port, base, admin_token, server)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        _drop(pg_name)
+
+
+def run_backend(backend: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Start a server on ``backend``, seed it, run the load; phase summaries."""
+    with bench_server(backend, args, "bench") as srv:
+        token, runs = _seed(srv.base, srv.admin_token, srv.tmp / "shards", args)
 
         def cpu() -> dict[str, float]:
-            seconds = {"server": _cpu_seconds(server.pid), "load generator": time.process_time()}
+            seconds = {
+                "server": _cpu_seconds(srv.process.pid),
+                "load generator": time.process_time(),
+            }
             if backend != "sqlite":
                 seconds["postgres"] = _cpu_seconds(None, command="postgres")
             return seconds
 
         if uvloop is not None:
             uvloop.install()
-        phases = asyncio.run(_load(args, port, token, runs, cpu))
+        phases = asyncio.run(_load(args, srv.port, token, runs, cpu))
         for name, phase in phases.items():
             for kind, count in sorted(phase.error_kinds.items()):
                 print(f"{backend} {name} errors: {count} x {kind}", file=sys.stderr)
         return {name: phase.summary() for name, phase in phases.items()}
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        _drop(pg_name)
 
 
 def main() -> None:
