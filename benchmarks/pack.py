@@ -16,14 +16,25 @@ boundary: greedy (next-fit) and first-fit with unbounded bins (the best a single
 first-fit can do), and a first-fit with ``--bins`` open bins, oldest flushed when full
 (Grain's ``FirstFitPackIterDataset`` shape). With ``grain`` importable (``--grain``, or
 ``--grain-path`` a ``pip install --target`` folder) Grain's own packer is measured too
-(documents cut into ``seq_len`` pieces first, as ours are: Grain refuses longer inputs);
-LanceDB's ``pack_sequences`` is not installed here. Run: ``python benchmarks/pack.py``
-(``--docs 2000`` for a quick look).
+(documents cut into ``seq_len`` pieces first, as ours are: Grain refuses longer inputs).
+LanceDB (a dev dependency) is measured through its own loader: the documents as a
+``list<uint32>`` column of a local LanceDB table (written before the clock starts) read by
+``lancedb.streaming.StreamingDataset(pack_sequences=seq_len, eos_id=, pad_id=,
+blocks_per_epoch=)`` in this process, once with ``num_splits=1`` and once per
+``--lance-splits``. It joins the documents of each split with ``eos_id`` (one token more per
+document: its rows count those as placed) and cuts every ``seq_len`` tokens, so a document
+continues in the next row; ``blocks_per_epoch`` is the fewest rows that hold every token,
+rounded up to a multiple of the splits, and each split emits exactly its share: a short
+split is padded, a long one loses its surplus (``trunc %``). Its ``Mtok/s`` includes reading
+the table, ours and the references pack documents already in memory. Run:
+``python benchmarks/pack.py`` (``--docs 2000`` for a quick look; ``--lance-splits ''`` to
+leave LanceDB out).
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -112,6 +123,44 @@ def _grain(docs: list[np.ndarray[Any, Any]], seq_len: int, bins: int) -> tuple[i
     return rows, placed, sum(len(d) for d in docs) - placed
 
 
+def _lance_table(docs: list[np.ndarray[Any, Any]], folder: str) -> Any:
+    """The documents as a LanceDB table with one ``list<uint32>`` row per document."""
+    import lancedb
+    import lancedb.streaming  # imported here, outside the clock (it takes a second or two)
+    import pyarrow as pa
+
+    offsets = np.zeros(len(docs) + 1, np.int64)
+    np.cumsum([len(d) for d in docs], out=offsets[1:])
+    tokens = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(docs)))
+    return lancedb.connect(folder).create_table("docs", pa.table({"tokens": tokens}))
+
+
+def _lancedb(
+    table: Any, wanted: int, seq_len: int, splits: int, pad_id: int
+) -> tuple[int, int, int]:
+    """(rows, positions holding a token, tokens left out) of LanceDB's packing loader over
+    ``table``, whose documents hold ``wanted`` tokens with their EOS."""
+    from lancedb.streaming import StreamingDataset
+
+    fewest = -(-wanted // seq_len)
+    blocks = -(-fewest // splits) * splits
+    ds = StreamingDataset(
+        table,
+        num_splits=splits,
+        columns=["tokens"],
+        pack_sequences=seq_len,
+        eos_id=0,
+        pad_id=pad_id,
+        blocks_per_epoch=blocks,
+        shuffle_seed=0,
+    )
+    rows = placed = 0
+    for item in ds:
+        rows += 1
+        placed += int((item["input_ids"] != pad_id).sum())
+    return rows, placed, wanted - placed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--docs", type=int, default=20_000)
@@ -123,6 +172,9 @@ def main() -> None:
     parser.add_argument("--bins", type=int, default=8)
     parser.add_argument("--grain", action="store_true", help="measure grain's packer (installed)")
     parser.add_argument("--grain-path", help="a folder grain was pip-installed into (--target)")
+    parser.add_argument(
+        "--lance-splits", default="8", help="LanceDB num_splits besides 1 ('' for no LanceDB)"
+    )
     args = parser.parse_args()
     if args.grain_path:  # after the venv's own packages, so its numpy stays in force
         import sys
@@ -150,6 +202,18 @@ def main() -> None:
         runs.append(
             (f"grain first-fit {args.bins} bins", lambda: _grain(docs, args.seq_len, args.bins))
         )
+    folder = tempfile.TemporaryDirectory(prefix="pack-lancedb-")
+    if args.lance_splits:
+        table = _lance_table(docs, folder.name)
+        pad_id = 1 << 32  # no uint32 token: LanceDB needs a pad id that is no token
+        wanted = total + len(docs)  # with the EOS that joins every document to the next
+        for splits in sorted({1, *(int(n) for n in args.lance_splits.split(","))}):
+            runs.append(
+                (
+                    f"lancedb pack_sequences splits={splits}",
+                    lambda n=splits: _lancedb(table, wanted, args.seq_len, n, pad_id),
+                )
+            )
     for group in (int(g) for g in args.groups.split(",")):
         fixed = -(-int(lengths.mean() * group) // args.seq_len)
         for method in ("greedy", "first_fit"):
@@ -168,6 +232,7 @@ def main() -> None:
             f"{name:<40} {rows:>8,} {pad:>7.2f} {100 * cut / total:>8.2f} "
             f"{placed / secs / 1e6:>8.1f}"
         )
+    folder.cleanup()
 
 
 if __name__ == "__main__":

@@ -194,6 +194,12 @@ def test_pack_compares_every_packer_on_the_same_documents() -> None:
     table = {line[:40].strip(): line[40:].split() for line in lines[start + 1 :] if line.strip()}
     names = list(table)
     assert names[:3] == ["stream greedy (ref)", "stream first_fit (ref)", "first-fit 8 bins (ref)"]
+    # LanceDB's own packing loader on the same documents: one split cuts the joined stream
+    # into the fewest rows (nothing left out); eight splits each emit their fixed share.
+    lance = [n for n in names if n.startswith("lancedb ")]
+    assert lance == ["lancedb pack_sequences splits=1", "lancedb pack_sequences splits=8"]
+    assert float(table[lance[0]][2]) == 0.0 and float(table[lance[0]][1]) < 1.0
+    assert int(table[lance[1]][0].replace(",", "")) % 8 == 0
     for group in (16, 64):
         for method in ("greedy", "first_fit"):
             assert f"ours G={group} {method} rows=auto" in table
