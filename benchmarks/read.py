@@ -1,19 +1,23 @@
-"""Read benchmark: one shuffled epoch of tokens, shardstream beside MosaicML and LitData.
+"""Read benchmark: one shuffled epoch of tokens, shardstream beside MosaicML, LitData, LanceDB.
 
 65,536 samples x 2,048 uint16 tokens (256 MiB) in 64 MB shards, 2 workers, batch 32;
 warm (local disk, page cache) and cold (moto's S3 server on loopback, empty caches).
 Each library reads a dataset built by its own writer (``MDSWriter`` / ``litdata.optimize``)
 in its documented configuration (MosaicML: ``StreamingDataset(batch_size=32,
 shuffle=True)`` + ``DataLoader``; LitData: ``StreamingDataset(shuffle=True)`` +
-``StreamingDataLoader``). Also prints the page-cache read rate of the same shard files
+``StreamingDataLoader``; LanceDB: a table with a ``fixed_size_list<uint16>`` column read by
+``lancedb.streaming.StreamingDataset(num_splits=2, shuffle=True, transform=)`` + its
+``StreamingDataLoader``, forkserver workers: its fork support segfaults here; warm only).
+Also prints the page-cache read rate of the same shard files
 (the physical limit), shardstream through torch's plain ``DataLoader`` (to see what the
 shared-memory ring buys), and the first batch after resuming at 90% of the epoch.
 
     python benchmarks/read.py [--samples 65536] [--dir /tmp/shardstream-bench-read] [--no-cold]
-        [--only-ours] [--shard-bytes 67108864] [--repeats 1]
+        [--only-ours] [--peers mosaic,litdata,lancedb] [--shard-bytes 67108864] [--repeats 1]
 
 ``--only-ours`` skips the peers (for before/after comparisons of our own read path, e.g. of
-the cache's verification); with ``--repeats N`` the best warm pass of N is kept.
+the cache's verification), ``--peers`` names the peers to run; with ``--repeats N`` the best
+warm pass of N is kept.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ BATCH = 32
 WORKERS = 2
 OURS = "shardstream ShardstreamLoader"
 OURS_DL = "shardstream + torch DataLoader"
+LANCEDB = "LanceDB StreamingDataset"
+PEERS = {"mosaic": "MosaicML StreamingDataset", "litdata": "LitData StreamingDataset"}
+PEERS["lancedb"] = LANCEDB
 OURS_NO_STATS = "shardstream ShardstreamLoader stats=off"
 """The loader without its input figures (issue 27): their cost is the difference, run for
 run in the same repeats."""
@@ -54,14 +61,20 @@ def _litdata_sample(i: int) -> dict[str, Any]:
 
 
 def build(
-    root: Path, n: int, *, only_ours: bool = False, shard_bytes: int = SHARD_BYTES
+    root: Path,
+    n: int,
+    *,
+    only_ours: bool = False,
+    shard_bytes: int = SHARD_BYTES,
+    peers: frozenset[str] = frozenset(PEERS),
 ) -> dict[str, Path]:
-    """Write the three datasets once (kept under ``root`` for later runs)."""
+    """Write the datasets once (kept under ``root`` for later runs): ours and ``peers``'."""
     suffix = "" if shard_bytes == SHARD_BYTES else f"-{shard_bytes}"
     paths = {
         "ours": root / f"ours-{n}{suffix}",
         "mosaic": root / f"mosaic-{n}",
         "litdata": root / f"lit-{n}",
+        "lancedb": root / f"lance-{n}",
     }
     data = tokens(n)
     if not (paths["ours"] / "index.json").exists():
@@ -75,7 +88,7 @@ def build(
                 w.write({"tokens": row})
     if only_ours:
         return paths
-    if not (paths["mosaic"] / "index.json").exists():
+    if "mosaic" in peers and not (paths["mosaic"] / "index.json").exists():
         from streaming import MDSWriter as MosaicWriter
 
         shutil.rmtree(paths["mosaic"], ignore_errors=True)
@@ -83,7 +96,7 @@ def build(
         with MosaicWriter(out=str(paths["mosaic"]), columns=cols, size_limit=SHARD_BYTES) as w:
             for row in data:
                 w.write({"tokens": row})
-    if not (paths["litdata"] / "index.json").exists():
+    if "litdata" in peers and not (paths["litdata"] / "index.json").exists():
         import litdata
 
         shutil.rmtree(paths["litdata"], ignore_errors=True)
@@ -95,6 +108,13 @@ def build(
             num_workers=2,
             verbose=False,
         )
+    if "lancedb" in peers and not (paths["lancedb"] / "tokens.lance").exists():
+        import lancedb
+        import pyarrow as pa
+
+        shutil.rmtree(paths["lancedb"], ignore_errors=True)
+        column = pa.FixedSizeListArray.from_arrays(pa.array(data.reshape(-1)), TOKENS)
+        lancedb.connect(str(paths["lancedb"])).create_table("tokens", pa.table({"tokens": column}))
     return paths
 
 
@@ -230,6 +250,34 @@ def run_litdata(input_dir: str, cache: Path | None) -> tuple[float, float, int]:
     return measure(make, rows_of)
 
 
+def _lance_rows(batch: Any) -> list[dict[str, Any]]:
+    """LanceDB transform: a record batch -> one ``{"tokens": uint16 row}`` per row (numpy
+    views of the batch's buffer, as the other readers yield)."""
+    rows = batch.column("tokens").flatten().to_numpy().reshape(-1, TOKENS)
+    return [{"tokens": row} for row in rows]
+
+
+def run_lancedb(folder: Path) -> tuple[float, float, int]:
+    import lancedb
+    from lancedb.streaming import StreamingDataLoader
+    from lancedb.streaming import StreamingDataset as LanceDataset
+
+    table = lancedb.connect(str(folder)).open_table("tokens")
+
+    def make() -> Iterator[Any]:
+        ds = LanceDataset(
+            table, num_splits=WORKERS, shuffle=True, shuffle_seed=0, transform=_lance_rows
+        )
+        # Forked workers segfault in lancedb 0.40 (its runtime warns that fork is
+        # experimental); forkserver is what its warning recommends.
+        loader = StreamingDataLoader(
+            ds, batch_size=BATCH, num_workers=WORKERS, multiprocessing_context="forkserver"
+        )
+        return iter(loader)
+
+    return measure(make, rows_of)
+
+
 def page_cache_rate(folder: Path) -> float:
     """Bytes/s reading the shard files sequentially from the page cache (second read)."""
     files = sorted(folder.glob("*.mds"))
@@ -275,18 +323,31 @@ def main() -> int:
     parser.add_argument(
         "--repeats", type=int, default=1, help="warm runs of each reader (best kept)"
     )
-    parser.add_argument("--only-ours", action="store_true", help="skip MosaicML and LitData")
+    parser.add_argument("--only-ours", action="store_true", help="skip every peer")
+    parser.add_argument(
+        "--peers", default=",".join(PEERS), help="the peers to run (mosaic,litdata,lancedb)"
+    )
     parser.add_argument("--shard-bytes", type=int, default=SHARD_BYTES, help="our shard size")
     args = parser.parse_args()
+    peers = frozenset(p for p in args.peers.split(",") if p)
+    if peers - set(PEERS):
+        parser.error(f"--peers: unknown {sorted(peers - set(PEERS))}; known: {sorted(PEERS)}")
+    running = {PEERS[p] for p in peers}
     args.dir.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
-    paths = build(args.dir, args.samples, only_ours=args.only_ours, shard_bytes=args.shard_bytes)
+    paths = build(
+        args.dir,
+        args.samples,
+        only_ours=args.only_ours,
+        shard_bytes=args.shard_bytes,
+        peers=peers,
+    )
     print(f"datasets ready in {time.perf_counter() - t:.1f}s under {args.dir}", flush=True)
     work = Path(tempfile.mkdtemp(prefix="bench-run-", dir=args.dir))
     results: dict[tuple[str, str], tuple[float, float, int]] = {}
 
     def record(name: str, mode: str, run: Callable[[], tuple[float, float, int]]) -> None:
-        if args.only_ours and name not in (OURS, OURS_DL, OURS_NO_STATS):
+        if name not in (OURS, OURS_DL, OURS_NO_STATS) and (args.only_ours or name not in running):
             return
         try:
             got = run()
@@ -306,6 +367,7 @@ def main() -> int:
         run_ours(ours_url, warm_cache)
         record("MosaicML StreamingDataset", "warm", lambda: run_mosaic(None, paths["mosaic"]))
         record("LitData StreamingDataset", "warm", lambda: run_litdata(str(paths["litdata"]), None))
+        record(LANCEDB, "warm", lambda: run_lancedb(paths["lancedb"]))
         for _ in range(args.repeats):
             record(OURS, "warm", lambda: run_ours(ours_url, warm_cache))
             record(OURS_NO_STATS, "warm", lambda: run_ours(ours_url, warm_cache, stats=False))
@@ -314,14 +376,19 @@ def main() -> int:
             record(
                 "LitData StreamingDataset", "warm", lambda: run_litdata(str(paths["litdata"]), None)
             )
+            record(LANCEDB, "warm", lambda: run_lancedb(paths["lancedb"]))
         fresh, resumed = resume_first_batch(ours_url, warm_cache, 0.9)
         if not args.no_cold:
             moto = Moto()
             try:
                 ours_s3 = moto.upload(paths["ours"], "ours") + "/index.json"
-                peers = not args.only_ours
-                mosaic_s3 = moto.upload(paths["mosaic"], "mosaic") if peers else ""
-                lit_s3 = moto.upload(paths["litdata"], "litdata") if peers else ""
+                some = not args.only_ours
+                mosaic_s3 = (
+                    moto.upload(paths["mosaic"], "mosaic") if some and "mosaic" in peers else ""
+                )
+                lit_s3 = (
+                    moto.upload(paths["litdata"], "litdata") if some and "litdata" in peers else ""
+                )
                 record(OURS, "cold S3", lambda: run_ours(ours_s3, work / "c1"))
                 record(
                     OURS_NO_STATS, "cold S3", lambda: run_ours(ours_s3, work / "c4", stats=False)

@@ -213,3 +213,26 @@ def test_pack_compares_every_packer_on_the_same_documents() -> None:
     for values in table.values():
         rows, pad, trunc = int(values[0].replace(",", "")), float(values[1]), float(values[2])
         assert rows > 0 and 0.0 <= pad < 100.0 and 0.0 <= trunc < 100.0
+
+
+@pytest.mark.timeout(400)
+def test_read_runs_lancedb_beside_ours_on_the_same_rows(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "read.py"), "--samples", "256"]
+    cmd += ["--no-cold", "--peers", "lancedb", "--dir", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=380, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "FAILED" not in done.stdout, done.stdout
+    table = done.stdout.split("\nreader ", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    rows = {(line[:40].strip(), line[41:49].strip()): line[49:].split() for line in table}
+    # Every reader read the whole epoch (read.py asserts the sample counts); the peers not
+    # asked for are left out.
+    assert sorted(rows) == sorted(
+        [
+            ("LanceDB StreamingDataset", "warm"),
+            ("shardstream ShardstreamLoader", "warm"),
+            ("shardstream ShardstreamLoader stats=off", "warm"),
+            ("shardstream + torch DataLoader", "warm"),
+            ("page-cache read of the shard files", "limit"),
+        ]
+    ), done.stdout
+    assert float(rows[("LanceDB StreamingDataset", "warm")][0].replace(",", "")) > 0
