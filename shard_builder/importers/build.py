@@ -29,6 +29,7 @@ from shardstream.errors import ConfigError, InputError
 from shardstream.mds import ShardInfo, shard_config, write_samples
 from shardstream.shard_builder.config import OutputOptions, _as_tuple, content_options
 from shardstream.shard_builder.importers.formats import FORMATS, get_format
+from shardstream.shard_builder.importers.litdata import DOCUMENTS
 from shardstream.shard_builder.importers.source import PART_BYTES, SourceUnit
 from shardstream.shard_builder.importers.spool import SPOOL_DIR, clear_spool, spool_folder
 from shardstream.shard_builder.importers.unit import EncodedUnit, UnitTask, encode_unit, schema_of
@@ -73,6 +74,7 @@ class ImportConfig(OutputOptions):
     allow_pickle: bool = False
     split: str = ""
     seq_len: int | None = None
+    documents: bool = False
     keep_key: bool = True
     part_bytes: int = PART_BYTES
 
@@ -96,6 +98,11 @@ class ImportConfig(OutputOptions):
             )
         if self.seq_len is not None and (self.format != "litdata" or self.seq_len < 1):
             raise ConfigError("seq-len applies to litdata token imports and must be >= 1")
+        if self.documents and (self.format != "litdata" or self.seq_len is not None):
+            raise ConfigError(
+                "documents applies to litdata token imports, without seq-len (each item "
+                "stays one document, as `build text --documents` writes them)"
+            )
         if self.value_format != "raw" and self.format != "lmdb":
             raise ConfigError("value-format applies to lmdb imports only")
         if self.part_bytes < 1:
@@ -243,7 +250,7 @@ def build_import(config: ImportConfig) -> BuildResult:
     fmt = get_format(config.format)
     option = {
         "lmdb": config.value_format,
-        "litdata": str(config.seq_len or ""),
+        "litdata": DOCUMENTS if config.documents else str(config.seq_len or ""),
         "webdataset": "key" if config.keep_key else "",
     }.get(config.format, config.split)
     files = [replace(u, option=option) for u in fmt.plan(config.inputs, option)]
@@ -310,6 +317,7 @@ def build_import(config: ImportConfig) -> BuildResult:
             "format": config.format,
             "fingerprint": fp,
             "columns": dict(columns),
+            **({"layout": "documents"} if config.documents else {}),
             "samples": samples,
             "records_in": samples + len(skipped),
             "skipped": [asdict(b) for b in skipped],

@@ -62,6 +62,12 @@ def register(subparsers: Any) -> None:
         help="litdata token datasets (TokensLoader): the block_size your training reads them "
         "with; each block becomes one sample",
     )
+    parser.add_argument(
+        "--documents",
+        action="store_true",
+        help="litdata token datasets: keep each item (a document's tokens) as one sample of "
+        "variable length, the layout `build text --documents` writes, packed at read time",
+    )
     _add_output_options(parser)
     parser.set_defaults(handler=_run_import)
 
@@ -87,6 +93,7 @@ def _run_import(args: argparse.Namespace) -> int:
             allow_pickle=args.allow_pickle,
             split=args.split,
             seq_len=args.seq_len,
+            documents=args.documents,
             keep_key=args.keep_key,
             **_output_options(args, output),
         )

@@ -23,6 +23,9 @@ through LitData.
   ``block_size`` the reader asks for, which the folder does not record; ``--seq-len N``
   gives it. Each block becomes a ``tokens`` sample of ``ndarray:<dtype>:N``, the layout
   ``shardstream build text`` writes, so the token path reads it without re-tokenizing.
+  With ``--documents`` instead, each item (one ``optimize`` call's token array: a document)
+  becomes one ``tokens`` sample of ``ndarray:<dtype>`` as it is, the layout ``build text
+  --documents`` writes, for readers that pack at read time (``PackOptions``).
 
 A folder is split into item ranges of about ``part_bytes`` (small chunks grouped, big ones
 cut), read by several workers at once; each reads its items by index, as LitData does.
@@ -56,6 +59,9 @@ from shardstream.shard_builder.importers.litdata_index import (
 from shardstream.shard_builder.importers.source import Batch, ImportFormat, Record, SourceUnit
 from shardstream.shard_builder.importers.values import column_of, columns_of
 
+DOCUMENTS = "documents"
+"""The unit option of a token folder imported one document per item (``--documents``)."""
+
 
 def plan(inputs: tuple[str, ...], option: str = "") -> list[SourceUnit]:
     units = []
@@ -65,7 +71,18 @@ def plan(inputs: tuple[str, ...], option: str = "") -> list[SourceUnit]:
         if loader == "TokensLoader" and not option:
             raise InputError(
                 f"{arg}: a LitData token dataset (TokensLoader) does not record its block "
-                "size; give --seq-len N, the block_size your training reads it with"
+                "size; give --seq-len N, the block_size your training reads it with, or "
+                "--documents to keep each item as one document"
+            )
+        if option == DOCUMENTS and loader != "TokensLoader":
+            raise InputError(
+                f"{arg}: --documents imports LitData token datasets (TokensLoader); this one "
+                f"has items of {loader or 'PyTreeLoader'}"
+            )
+        if option == DOCUMENTS and layout_of(index, 0) is None:
+            raise InputError(
+                f"{arg}: --documents reads uncompressed, unencrypted token chunks only; "
+                "this folder's chunks are not (give --seq-len N to import it through LitData)"
             )
         if loader not in ("TokensLoader", "PyTreeLoader", None):
             raise InputError(f"{arg}: LitData item loader {loader!r} is not supported")
@@ -104,8 +121,9 @@ def split(unit: SourceUnit, part_bytes: int) -> list[SourceUnit]:
 
 
 def _seq_len(unit: SourceUnit, index: LitIndex) -> int:
-    """The token block size (0: general items)."""
-    return int(unit.option) if index.config.get("item_loader") == "TokensLoader" else 0
+    """The token block size (0: general items, or a token folder's items as documents)."""
+    tokens = index.config.get("item_loader") == "TokensLoader" and unit.option != DOCUMENTS
+    return int(unit.option) if tokens else 0
 
 
 def read(unit: SourceUnit) -> Iterator[Record]:

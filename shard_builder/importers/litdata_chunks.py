@@ -63,7 +63,9 @@ def read_batches(
     ``path`` names the folder in errors."""
     for c, base, lo, hi in index.pieces(layout.seq_len, span):
         chunk, n = _Chunk(path, index, c, base, lo), int(index.items[c])
-        if layout.tokens is not None:
+        if layout.tokens is not None and not layout.seq_len:
+            yield from _document_batches(chunk, n, lo, hi, layout.tokens)
+        elif layout.tokens is not None:
             yield from _token_batches(chunk, n, lo, hi, layout)
         elif chunk.size >= 12 and bytes(chunk.read(chunk.size - 8, chunk.size, lo)) == FOOTER_MAGIC:
             yield from footer_batches(chunk, n, lo, hi)
@@ -250,6 +252,34 @@ def _array(view: memoryview, fmt: str, flat: np.dtype[Any] | None) -> np.ndarray
     if len(view) - body != math.prod(shape) * dtype.itemsize:
         raise ValueError(f"{len(view) - body} bytes for {dtype.name} of shape {shape}")
     return np.frombuffer(view[body:], dtype).reshape(shape)
+
+
+def _document_batches(
+    chunk: _Chunk, n: int, lo: int, hi: int, dtype: np.dtype[Any]
+) -> Iterator[Batch]:
+    """Token items ``lo .. hi - 1`` whole, one ``ndarray:<dtype>`` document each (the
+    offsets table says where each begins); a batch per ``BATCH_RECORDS`` items or
+    ``READ_BYTES``."""
+    offsets = _offsets(chunk, n, lo, hi)
+    sizes = np.diff(offsets)
+    odd = sizes % dtype.itemsize != 0
+    if odd.any():
+        i = int(odd.argmax())
+        raise chunk.damaged(lo + i, f"{sizes[i]} bytes is no whole number of {dtype.name}")
+    start = lo
+    while start < hi:
+        at = int(offsets[start - lo])
+        stop = start + 1
+        while (
+            stop < hi and stop - start < BATCH_RECORDS and offsets[stop + 1 - lo] - at <= READ_BYTES
+        ):
+            stop += 1
+        data = chunk.read(at, int(offsets[stop - lo]), start)
+        cuts = (offsets[start - lo : stop - lo + 1] - at) // dtype.itemsize
+        flat: Any = np.frombuffer(data, dtype)
+        docs = [flat[a:b] for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True)]
+        yield Batch(stop - start, chunk.where(start), {"tokens": (f"ndarray:{dtype.name}", docs)})
+        start = stop
 
 
 def _token_batches(chunk: _Chunk, n: int, lo: int, hi: int, layout: Layout) -> Iterator[Batch]:

@@ -86,6 +86,48 @@ def test_token_chunks_become_a_token_dataset(written: Path, tmp_path: Path) -> N
     assert [m["tokens"].tolist() for m in mosaic] == [s["tokens"].tolist() for s in ours]
 
 
+def test_token_items_import_as_documents_that_pack_at_read_time(
+    written: Path, tmp_path: Path
+) -> None:
+    from shardstream.client import CacheOptions, PackOptions, StreamingDataset
+
+    config = ImportConfig(
+        format="litdata", inputs=(str(written / "tok"),), documents=True,
+        output=str(tmp_path / "out"), **SMALL,
+    )  # fmt: skip
+    result = build_import(config)
+    # One variable-length token array per item, as `build text --documents` writes them.
+    assert result.columns == {"tokens": "ndarray:uint16"}
+    ours = read_with_ours(tmp_path / "out")
+    assert len(ours) == 40
+    for i, sample in enumerate(ours):
+        assert sample["tokens"].dtype == np.uint16
+        assert np.array_equal(sample["tokens"], _tokens(i))
+    # Read in small parts by several workers: the same documents.
+    parts = ImportConfig(
+        format="litdata", inputs=(str(written / "tok"),), documents=True, part_bytes=300,
+        workers=2, output=str(tmp_path / "parts"), **SMALL,
+    )  # fmt: skip
+    build_import(parts)
+    assert [s["tokens"].tolist() for s in read_with_ours(tmp_path / "parts")] == [
+        s["tokens"].tolist() for s in ours
+    ]
+    # The read-time packer takes the import: every document's tokens, once each, in rows.
+    ds = StreamingDataset(
+        str(tmp_path / "out"), batch_size=8, pack=PackOptions(seq_len=64),
+        cache=CacheOptions(dir=tmp_path / "cache"),
+    )  # fmt: skip
+    placed = sum(int((b["doc_ids"] >= 0).sum()) for b in ds)
+    assert placed == sum(len(_tokens(i)) for i in range(40))
+    # General items are no token documents.
+    general = ImportConfig(
+        format="litdata", inputs=(str(written / "gen"),), documents=True,
+        output=str(tmp_path / "g"), **SMALL,
+    )  # fmt: skip
+    with pytest.raises(InputError, match="--documents imports LitData token datasets"):
+        build_import(general)
+
+
 def test_an_s3_prefix_imports_like_the_folder(
     written: Path, tmp_path: Path, s3_bucket: S3Bucket
 ) -> None:
