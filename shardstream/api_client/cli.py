@@ -117,8 +117,11 @@ def _runs(args: argparse.Namespace) -> int:
         run = _run_row(api.get_run(args.run).model_dump(mode="json"))
         checkpoints = [c.model_dump(mode="json") for c in api.list_checkpoints(args.run)]
         # The table lists the slowest ranks; --json has every rank (fetched a page at a time).
-        inputs = (api.input_stats_all_ranks(args.run) if args.json
-                  else api.input_stats(args.run, limit=SLOWEST)).model_dump(mode="json")  # fmt: skip
+        if args.json:
+            stats = api.input_stats_all_ranks(args.run)
+        else:
+            stats = api.input_stats(args.run, limit=SLOWEST)
+        inputs = stats.model_dump(mode="json")
         if args.json:
             return _print_json({**run, "checkpoints": checkpoints, "input_stats": inputs})
         _out(args, run, ["id", "name", "status", "sources", "seed", "created_by"], single=True)
