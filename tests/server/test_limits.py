@@ -317,8 +317,10 @@ def _drip_until_answered(sock: socket.socket, *, drops: int) -> bytes | None:
     for _ in range(drops):
         with suppress(OSError):  # closed by the server: its answer waits to be read
             sock.sendall(_chunk(b"x"))
-        readable, _, _ = select.select([sock], [], [], 0.05)
-        if readable:
+        # poll, not select: a long test session holds descriptors past select's 1024.
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        if poller.poll(50):
             return sock.recv(65536, socket.MSG_PEEK)
     return None
 
