@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 from _rawhttp import RawClient
-from server_load import RANKS_PER_NODE, _seed, bench_server
+from server_load import RANKS_PER_NODE, _seed, add_server_arguments, bench_server
 
 try:
     import uvloop
@@ -155,9 +155,7 @@ def main() -> None:
     parser.add_argument("--sdk-ranks", type=int, default=32, help="ranks through the SDK")
     parser.add_argument("--processes", type=int, default=4, help="load-generator processes")
     parser.add_argument("--warmup-s", type=float, default=3.0, help="time to connect first")
-    parser.add_argument("--pg-workers", type=int, default=2, help="uvicorn workers on PostgreSQL")
-    parser.add_argument("--sqlite-workers", type=int, default=1, help="uvicorn workers on SQLite")
-    parser.add_argument("--backends", default="sqlite,postgresql")
+    add_server_arguments(parser)
     args = parser.parse_args()
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     results = {b: run_backend(b, args) for b in backends}

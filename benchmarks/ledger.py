@@ -39,7 +39,7 @@ from typing import Any
 
 import httpx
 from _rawhttp import RawClient
-from server_load import BenchServer, _cpu_seconds, _seed, bench_server
+from server_load import BenchServer, _cpu_seconds, _seed, add_server_arguments, bench_server
 from sqlalchemy import Engine, create_engine, insert, text, update
 
 try:
@@ -329,9 +329,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=4, help="load-generator processes")
     parser.add_argument("--warmup-s", type=float, default=8.0, help="time to start and connect")
     parser.add_argument("--keep", action="store_true", help="keep the SQLite database")
-    parser.add_argument("--pg-workers", type=int, default=2, help="uvicorn workers on PostgreSQL")
-    parser.add_argument("--sqlite-workers", type=int, default=1, help="uvicorn workers on SQLite")
-    parser.add_argument("--backends", default="sqlite,postgresql")
+    add_server_arguments(parser)
     args = parser.parse_args()
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     results = {b: run_backend(b, args) for b in backends}

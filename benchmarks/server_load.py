@@ -440,6 +440,13 @@ class BenchServer:
     process: subprocess.Popen[bytes]
 
 
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options :func:`bench_server` reads: databases to run and uvicorn workers."""
+    parser.add_argument("--pg-workers", type=int, default=2, help="uvicorn workers on PostgreSQL")
+    parser.add_argument("--sqlite-workers", type=int, default=1, help="uvicorn workers on SQLite")
+    parser.add_argument("--backends", default="sqlite,postgresql")
+
+
 @contextmanager
 def bench_server(backend: str, args: argparse.Namespace, prefix: str) -> Iterator[BenchServer]:
     """``shardstream server`` under uvicorn on loopback over a fresh ``backend`` database
@@ -518,9 +525,7 @@ def main() -> None:
     parser.add_argument(
         "--route-requests", type=int, default=20, help="requests per rank in each route phase"
     )
-    parser.add_argument("--pg-workers", type=int, default=2, help="uvicorn workers on PostgreSQL")
-    parser.add_argument("--sqlite-workers", type=int, default=1, help="uvicorn workers on SQLite")
-    parser.add_argument("--backends", default="sqlite,postgresql")
+    add_server_arguments(parser)
     args = parser.parse_args()
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     results = {b: run_backend(b, args) for b in backends}
