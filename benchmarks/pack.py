@@ -8,7 +8,7 @@ uint32 tokens, rows of ``--seq-len``. For each packer we print:
 * ``Mtok/s``: tokens packed per second, layout plus filling ``input_ids``, ``position_ids``,
   ``doc_ids``, ``cu_seqlens`` (one process, this machine).
 
-Packers: shardstream's group packing (:mod:`shardstream.client.packing`, the rows a
+Packers: shardstream's group packing (:mod:`shardstream.client.batches.packing`, the rows a
 ``PackOptions(group=G)`` reader yields: each group of ``G`` consecutive documents alone;
 ``rows=auto`` as many rows as needed, ``rows=R`` a fixed count, ``R`` = the group's mean
 tokens / seq_len rounded up), and references over the whole stream with no group
@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from shardstream.client.packing import Layout, fill, pack_lengths
+from shardstream.client.batches.packing import Layout, fill, pack_lengths
 
 
 def _lengths(n: int, mu: float, sigma: float, max_len: int, seed: int) -> np.ndarray[Any, Any]:

@@ -287,7 +287,7 @@ _POOL_BYTES: dict[str, list[bytes]] = {}  # the pool's input, inherited by its f
 def _limit_worker(part: tuple[int, int]) -> int:
     import torch
 
-    from shardstream.client.image_decode import ImageDecoder
+    from shardstream.client.batches.image_decode import ImageDecoder
 
     torch.set_num_threads(1)
     decode, augment = ImageDecoder(layout="CHW", mode="RGB"), _augment()

@@ -15,9 +15,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from shardstream.client.batches.image_augment import RandomResizedCropFlip
     from shardstream.client.dataset import StreamingDataset
     from shardstream.client.distributed import Topology
-    from shardstream.client.image_augment import RandomResizedCropFlip
     from shardstream.client.loader import ShardstreamLoader, WorkerError
     from shardstream.client.options import (
         CacheOptions,
@@ -54,7 +54,7 @@ _HOMES = {
     "PackOptions": "options",
     "Phase": "plan",
     "PlanOptions": "options",
-    "RandomResizedCropFlip": "image_augment",
+    "RandomResizedCropFlip": "batches.image_augment",
     "ReaderState": "state",
     "ServerOptions": "options",
     "ShardstreamLoader": "loader",

@@ -4,7 +4,7 @@ DIR defaults to the folder readers use by default (``$SHARDSTREAM_CACHE_DIR``, e
 ``<tmp>/shardstream-cache-<uid>``: :func:`~shardstream.client.options.default_cache_dir`).
 
 Safe while training runs on the node: ``prune`` evicts through the same lock and pin
-protocol as the readers (:mod:`~shardstream.client.cache_space`), so a shard in use is
+protocol as the readers (:mod:`~shardstream.client.cache.space`), so a shard in use is
 never removed, and a download in flight keeps its reservation. Imports only
 :mod:`argparse` at load time.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from shardstream.client.cache_space import CacheSpace
+    from shardstream.client.cache.space import CacheSpace
 
 __all__ = ["register"]
 
@@ -80,8 +80,8 @@ def _cache_dir(args: argparse.Namespace) -> Path:
 
 
 def _space(root: Path, limit: int | None) -> CacheSpace:
-    from shardstream.client.cache_keys import CacheLayout
-    from shardstream.client.cache_space import CacheSpace
+    from shardstream.client.cache.keys import CacheLayout
+    from shardstream.client.cache.space import CacheSpace
     from shardstream.errors import ConfigError
 
     layout = CacheLayout.at(root)
@@ -95,7 +95,7 @@ def _space(root: Path, limit: int | None) -> CacheSpace:
 
 
 def _recorded_limit(root: Path) -> int | None:
-    from shardstream.client.cache_keys import CacheLayout
+    from shardstream.client.cache.keys import CacheLayout
 
     try:
         return int(CacheLayout.at(root).limit_file.read_text().strip())

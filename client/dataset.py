@@ -20,10 +20,16 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from shardstream.client.batch import ColumnSpec, numpy_allocator
+from shardstream.client.batches.batch import ColumnSpec, numpy_allocator
+from shardstream.client.batches.footprint import (
+    CacheFootprint,
+    compute_footprint,
+    warn_if_too_small,
+)
+from shardstream.client.batches.input_stats import InputMeter, InputStats, ProcessCounters
+from shardstream.client.batches.sample_transform import SampleTransform
+from shardstream.client.batches.stream import BatchStream, BatchTransform
 from shardstream.client.distributed import Topology, current_worker
-from shardstream.client.footprint import CacheFootprint, compute_footprint, warn_if_too_small
-from shardstream.client.input_stats import InputMeter, InputStats, ProcessCounters
 from shardstream.client.options import (
     CacheOptions,
     DecodeOptions,
@@ -32,10 +38,8 @@ from shardstream.client.options import (
     ServerOptions,
     Source,
 )
-from shardstream.client.sample_transform import SampleTransform
-from shardstream.client.source import ResolvedSource, resolve_source
+from shardstream.client.sources.source import ResolvedSource, resolve_source
 from shardstream.client.state import ReaderState
-from shardstream.client.stream import BatchStream, BatchTransform
 from shardstream.errors import ConfigError, ResumeError
 
 __all__ = ["StreamingDataset"]
@@ -72,7 +76,7 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
     ``batch_size x world size``. ``topology`` defaults to ``Topology.discover()``
     (``torch.distributed`` or ``RANK``/``WORLD_SIZE``). ``sample_transform`` is applied to
     every sample inside the worker (images as ``uint8`` ``(C, H, W)`` tensors; random
-    augmentations replay exactly on resume: :mod:`~shardstream.client.sample_transform`),
+    augmentations replay exactly on resume: :mod:`~shardstream.client.batches.sample_transform`),
     then the samples are collated; ``transform`` is applied to every whole batch.
     ``pack`` packs each batch of documents into fixed-length rows (:class:`PackOptions`;
     docs/training.md "Packing and masks"); ``batch_size`` then counts documents.
@@ -168,7 +172,7 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
     def footprint(self, num_workers: int = 0) -> CacheFootprint:
         """What this job holds in each node's cache at once, for its plan and cache options
         and ``num_workers`` DataLoader workers per rank: set ``CacheOptions.limit_bytes`` to
-        at least ``bytes_per_node`` (see :mod:`~shardstream.client.footprint`)."""
+        at least ``bytes_per_node`` (see :mod:`~shardstream.client.batches.footprint`)."""
         return compute_footprint(self.stream, num_workers, self._epoch)
 
     def check_cache_size(self, num_workers: int) -> None:

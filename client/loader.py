@@ -2,7 +2,7 @@
 
 ``num_workers`` forked worker processes each build whole batches (one gather per shard
 run) straight into a ring of shared-memory slots and pass the main process only slot
-indices (see :mod:`shardstream.client.ring`). Worker ``w`` builds the rank's batches
+indices (see :mod:`shardstream.client.workers.ring`). Worker ``w`` builds the rank's batches
 ``b0 + w, b0 + w + n, ...`` and the main process takes them round-robin, so batches reach
 the training loop in plan order.
 
@@ -30,14 +30,14 @@ from typing import Any
 
 import torch
 
-from shardstream.client._worker import worker_main
+from shardstream.client.batches.image_augment import RandomResizedCropFlip
+from shardstream.client.batches.image_stage import ImageStage, StageRun
+from shardstream.client.batches.input_stats import InputMeter, InputStats, ProcessCounters
+from shardstream.client.batches.stream import MAX_CHUNK
 from shardstream.client.dataset import StreamingDataset
-from shardstream.client.image_augment import RandomResizedCropFlip
-from shardstream.client.image_stage import ImageStage, StageRun
-from shardstream.client.input_stats import InputMeter, InputStats, ProcessCounters
-from shardstream.client.ring import BatchRing, SlotLoans, view_in
 from shardstream.client.state import ReaderState
-from shardstream.client.stream import MAX_CHUNK
+from shardstream.client.workers.ring import BatchRing, SlotLoans, view_in
+from shardstream.client.workers.worker import worker_main
 from shardstream.errors import ConfigError, ShardstreamError
 
 __all__ = ["ShardstreamLoader", "WorkerError"]
@@ -72,13 +72,13 @@ class ShardstreamLoader:
 
     ``device`` (``"cuda"``, ``"cuda:1"``, ``"cpu"``) with a dataset whose
     ``sample_transform`` is a :class:`RandomResizedCropFlip`: the workers hand over encoded
-    images and their boxes, and an :class:`~shardstream.client.image_stage.ImageStage`
+    images and their boxes, and an :class:`~shardstream.client.batches.image_stage.ImageStage`
     decodes and augments each batch on ``device`` in one go, on its own CUDA stream, a
     batch ahead; every tensor of the batch is on ``device``.
 
     ``stats`` (default on) times the training loop's wait for each batch and collects the
     workers' input figures: :meth:`stats` says whether the job is input-bound, and why
-    (see :mod:`~shardstream.client.input_stats`); every :meth:`commit` sends the figures
+    (see :mod:`~shardstream.client.batches.input_stats`); every :meth:`commit` sends the figures
     since the previous one to the server. ``log_stats_every=N`` logs them every ``N``
     batches (logger ``shardstream.client.stats``, level INFO).
     """

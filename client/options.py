@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from shardstream.client.image_decode import ImageDecoder
 from shardstream.client.plan._weights import MixtureSchedule
 from shardstream.errors import ConfigError
 
@@ -273,12 +272,33 @@ class DecodeOptions:
     decode_min_size: int | None = None
 
     def __post_init__(self) -> None:
-        self.image_decoder_in_force()  # checks the image options
-
-    def image_decoder_in_force(self) -> ImageDecoder:
-        """The decoder these options describe (:class:`ConfigError` if they are wrong)."""
-        return ImageDecoder(
+        check_image_options(
             self.image_decoder, self.image_layout, self.image_mode, self.decode_min_size
+        )
+
+
+IMAGE_DECODERS = ("auto", "torchcodec", "torchvision", "simplejpeg", "pillow")
+"""Names accepted by ``DecodeOptions(image_decoder=...)``."""
+
+
+def check_image_options(name: str, layout: str, mode: str | None, min_size: int | None) -> None:
+    """:class:`ConfigError` naming the first image option that is wrong.
+
+    Whether the named decoder is installed here is checked where it is built
+    (:class:`~shardstream.client.batches.image_decode.ImageDecoder`), before the first batch.
+    """
+    if name not in IMAGE_DECODERS:
+        raise ConfigError(f"image_decoder must be one of {IMAGE_DECODERS}, got {name!r}")
+    if layout not in ("HWC", "CHW"):
+        raise ConfigError(f"image_layout must be 'HWC' or 'CHW', got {layout!r}")
+    if mode not in (None, "RGB", "L"):
+        raise ConfigError(f"image_mode must be None, 'RGB' or 'L', got {mode!r}")
+    if min_size is not None and min_size < 1:
+        raise ConfigError(f"decode_min_size must be >= 1, got {min_size}")
+    if name in ("torchcodec", "torchvision") and min_size is not None:
+        raise ConfigError(
+            f"{name} cannot decode at a reduced scale: use image_decoder="
+            "'simplejpeg' or 'pillow' (or 'auto') with decode_min_size"
         )
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shardstream.client.cache import ShardCache
+from shardstream.client.cache.shard_cache import ShardCache
 
 
 def _shardstream(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

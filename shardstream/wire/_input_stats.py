@@ -1,7 +1,7 @@
 """A rank's input figures, sent with its checkpoint commits (is training waiting for data?).
 
 A fixed set of numbers (a few hundred bytes as JSON), so a commit stays small whatever the
-job: the client's :mod:`shardstream.client.input_stats` measures them since the rank's
+job: the client's :mod:`shardstream.client.batches.input_stats` measures them since the rank's
 previous commit; the server keeps each rank's latest and their totals per run.
 """
 

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 from shardstream.client import CacheOptions, StreamingDataset
-from shardstream.client.cache import ShardCache
-from shardstream.client.cache_keys import key_to_name
-from shardstream.client.verify import BOOT_ID, read_marker
+from shardstream.client.cache.keys import key_to_name
+from shardstream.client.cache.shard_cache import ShardCache
+from shardstream.client.cache.verify import BOOT_ID, read_marker
 from shardstream.errors import ConfigError, CorruptShardError
 from shardstream.hashing import hash_bytes
 from tests.client.test_dataset_support import ids_of, token_row, write_tokens
@@ -170,7 +170,7 @@ def test_a_fetch_that_verified_its_bytes_is_not_hashed_again(
     ranged fill whose blocks all matched theirs, a whole download checked against the file
     hash): the cache publishes it without reading it again, under a marker holding the
     published digest that other processes trust. Any other fetch is hashed."""
-    import shardstream.client.verify as verify
+    import shardstream.client.cache.verify as verify
 
     hashed: list[str] = []
     real = verify.digest_fd

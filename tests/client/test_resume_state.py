@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-import shardstream.client.stream as stream_module
+import shardstream.client.batches.stream as stream_module
 from shardstream.client import CacheOptions, PlanOptions, StreamingDataset
 from shardstream.client.plan import PLAN_ALGORITHM
 from shardstream.client.state import STATE_FORMAT, ReaderState

@@ -1,0 +1,453 @@
+"""One process's view of the epoch: which batches it builds and how.
+
+:class:`BatchStream` ties the pieces together for one rank: the epoch plan (which global
+sample ids make up this rank's share of global batch ``b``), the shard fetcher (prefetch,
+lease, memory-map), and the batch builder (one gather per shard run). It is shared by the
+:class:`~shardstream.client.StreamingDataset` (inside DataLoader workers) and the
+:class:`~shardstream.client.ShardstreamLoader` workers. Processes never talk to each
+other: each derives its batches from the plan alone.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from shardstream.client.batches.batch import Allocator, BatchBuilder, ColumnSpec, numpy_allocator
+from shardstream.client.batches.decode import to_torch
+from shardstream.client.batches.image_decode import ImageDecoder
+from shardstream.client.batches.packed import Packer
+from shardstream.client.batches.sample_transform import SampleStage, SampleTransform
+from shardstream.client.distributed import Topology
+from shardstream.client.options import CacheOptions, PackOptions, PlanOptions
+from shardstream.client.plan import PLAN_ALGORITHM, PlanConfig, SourceSpec
+from shardstream.client.plan._defaults import adopt_saved, default_shape
+from shardstream.client.plan._fingerprint import plan_fingerprint
+from shardstream.client.plan._scheduled import AnyPlan, check_schedule, make_plan
+from shardstream.client.reads.fetch import ShardFetcher
+from shardstream.client.reads.memory import block_size_of
+from shardstream.client.reads.memory_need import window_need_bytes
+from shardstream.client.reads.partial import BlockStats
+from shardstream.client.sources.source import ResolvedSource
+from shardstream.client.state import ReaderState
+from shardstream.errors import ConfigError, PlanError, ResumeError
+from shardstream.mds import ShardInfo, ShardReader
+
+__all__ = ["BatchStream", "BatchTransform"]
+
+MAX_CHUNK = 8
+"""Batches built per chunk at most (the plan is evaluated for 8 chunks at a time)."""
+
+FILL_MIN_SHARE = 0.2
+"""The cache fills a ranged shard whole unless this rank's samples of it lie in fewer than
+this share of its blocks: it then reads those blocks by range (a partition boundary inside
+a shard, whose other side another node reads and caches)."""
+
+
+_Chunk = tuple[list[int], np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]
+"""A planned chunk of batches: (batch numbers, ids, shard, index in shard)."""
+
+BatchTransform = Callable[[dict[str, Any]], dict[str, Any]]
+"""A user function applied to every whole batch (column -> tensor) in the worker."""
+
+
+class BatchStream:
+    """Builds this rank's batches of any epoch, from any position, in this process."""
+
+    def __init__(
+        self,
+        sources: Sequence[ResolvedSource],
+        batch_size: int,
+        *,
+        topology: Topology,
+        plan: PlanOptions,
+        cache: CacheOptions,
+        spec: ColumnSpec,
+        transform: BatchTransform | None = None,
+        sample_transform: SampleTransform | None = None,
+        pack: PackOptions | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        self.sources = list(sources)
+        self.batch_size = batch_size
+        self.topology = topology
+        self.cache_options = cache
+        self.spec = spec
+        self.transform = transform
+        self.options = plan
+        self.packer = None if pack is None else Packer(pack, spec, batch_size)
+        """Read-time packing of each batch of documents (:mod:`packed`), if any."""
+        self.samples = (
+            None
+            if sample_transform is None
+            else SampleStage(
+                sample_transform,
+                encodings=spec.encodings,
+                decoder=ImageDecoder.of(spec.options),
+                seed=plan.seed,
+            )
+        )
+        self._specs = [
+            SourceSpec(
+                shard_sizes=np.array([s.samples for s in src.shards], dtype=np.int64),
+                weight=src.source.weight,
+                repeat=src.source.repeat,
+                count=src.source.samples,
+                name=src.source.uri,
+            )
+            for src in self.sources
+        ]
+        if plan.schedule is not None:
+            try:
+                check_schedule(plan.schedule, self._specs)
+            except PlanError as exc:
+                raise ConfigError(f"PlanOptions.schedule: {exc}") from exc
+        # The options, else a fresh run's defaults; a resume adopts the saved ones (accept).
+        parts, window = default_shape(
+            batch_size * topology.world_size, topology.world_size, self._specs
+        )
+        if plan.num_partitions is not None:  # the user's P: the plan's own window default
+            parts, window = plan.num_partitions, None
+        self.config = self._config(parts, plan.window or window)
+        self._shard_bytes = [info.raw_data.bytes for src in self.sources for info in src.shards]
+        self._shard_samples = [info.samples for src in self.sources for info in src.shards]
+        self._plan: AnyPlan | None = None
+        self._fingerprint: tuple[PlanConfig, str] | None = None
+        self.changes: tuple[Mapping[str, Any], ...] = ()
+        """Order changes a resume accepted (``allow_changes``), carried by every state."""
+        # Images stay bytes for a per-sample transform: it decodes them as (C, H, W).
+        self._builder = BatchBuilder(
+            spec, decode_images=spec.options.decode_images and self.samples is None
+        )
+        self._fetcher: ShardFetcher | None = None
+        self._fetcher_pid = -1
+        self.read_stats = BlockStats()
+        """Ranged-read counters of this process (requests, bytes, corrupt blocks), kept
+        across the fetchers of successive epochs."""
+
+    def _config(self, partitions: int, window: int | None) -> PlanConfig:
+        opts = self.options
+        config = PlanConfig(
+            seed=opts.seed,
+            global_batch_size=self.batch_size * self.topology.world_size,
+            num_partitions=partitions,
+            shuffle=opts.shuffle,
+            tail=opts.tail,
+            window=window,
+            epoch_size=opts.epoch_size,
+        )
+        config.check_world_size(self.topology.world_size)
+        return config
+
+    def accept(self, state: ReaderState, allow_changes: Iterable[str] = ()) -> ReaderState:
+        """Check that ``state`` can resume this stream; adopt its partition count and window
+        unless the user fixed them. :class:`ResumeError` names every difference that
+        ``allow_changes`` does not accept; the state returned records the accepted ones,
+        and so does every state this stream makes from now on (:meth:`reader_state`)."""
+        try:
+            config = adopt_saved(self.config, state.plan, asdict(self.options))
+            config.check_world_size(self.topology.world_size)
+        except PlanError as exc:
+            raise ResumeError(f"cannot resume with this world size: {exc}") from exc
+        if config != self.config:
+            self.config, self._plan = config, None
+        if self.packer is not None:
+            self.packer.adopt(state.plan.get("pack"))
+        accepted = state.check_compatible(self.reader_state(0, 0), allow_changes)
+        self.changes = accepted.changes
+        return accepted
+
+    def fingerprint(self) -> str:
+        """:attr:`EpochPlan.fingerprint` of this stream's plans (the same for every epoch)."""
+        if self._fingerprint is None or self._fingerprint[0] != self.config:
+            digest = plan_fingerprint(
+                PLAN_ALGORITHM, self.config, self._specs, self.options.schedule
+            )
+            self._fingerprint = (self.config, digest)
+        return self._fingerprint[1]
+
+    def reader_state(
+        self, epoch: int, batch: int, worker: tuple[int, int] | None = None
+    ) -> ReaderState:
+        """The resume state at ``(epoch, batch)`` of this stream (see :class:`ReaderState`)."""
+        return ReaderState(
+            epoch,
+            batch,
+            self.plan_params(),
+            self.versions,
+            self.weights,
+            worker,
+            algorithm=PLAN_ALGORITHM,
+            fingerprint=self.fingerprint(),
+            changes=self.changes,
+        )
+
+    @property
+    def versions(self) -> tuple[str, ...]:
+        """Version ids of the sources, in order."""
+        return tuple(src.version_id for src in self.sources)
+
+    @property
+    def weights(self) -> tuple[float | None, ...]:
+        """Mixture weights of the sources, in order."""
+        return tuple(src.source.weight for src in self.sources)
+
+    def plan_params(self) -> dict[str, Any]:
+        """The plan parameters a resume state must match."""
+        params = asdict(self.config)
+        params["mixture"] = [
+            [src.source.weight, src.source.repeat, src.source.samples] for src in self.sources
+        ]
+        if self.options.schedule is not None:  # absent without one, like "pack"
+            params["schedule"] = self.options.schedule.to_params()
+        if self.packer is not None:  # absent without packing: earlier states still match
+            params["pack"] = self.packer.params()
+        return params
+
+    def plan(self, epoch: int) -> AnyPlan:
+        """The (cached) plan of ``epoch`` (a scheduled one under a mixture schedule)."""
+        if self._plan is None or self._plan.epoch != epoch:
+            self._plan = make_plan(self._specs, self.config, epoch, self.options.schedule)
+        return self._plan
+
+    def num_batches(self, epoch: int) -> int:
+        """Global batches in ``epoch`` (each rank reads its share of every one)."""
+        return int(self.plan(epoch).num_batches)
+
+    def fetcher(self) -> ShardFetcher:
+        """This process's shard fetcher (a fresh one after a fork)."""
+        if self._fetcher is None or self._fetcher_pid != os.getpid():
+            if self._fetcher_pid != os.getpid():
+                self.read_stats = BlockStats()  # counts of this process only
+            self._fetcher = ShardFetcher(self.sources, self.cache_options, stats=self.read_stats)
+            self._fetcher_pid = os.getpid()
+        return self._fetcher
+
+    def memory_need(self, epoch: int, start: int, step: int = 1) -> int:
+        """Bytes the cacheless mode holds at most at once reading ``epoch`` from batch
+        ``start`` (every ``step``-th batch): the shards of the mixing window, each from
+        the look-ahead before its first batch to its last (:mod:`memory_need`)."""
+        plan = self.plan(epoch)
+        shards, first, last = plan.rank_schedule(
+            self.topology.rank, self.topology.world_size, start
+        )
+        sizes = np.array([self._shard_bytes[int(s)] for s in shards.tolist()], dtype=np.int64)
+        lead = self.cache_options.read_ahead_batches * step + MAX_CHUNK * step
+        return window_need_bytes(first, last, sizes, lead=lead)
+
+    def batches(
+        self, epoch: int, start: int, step: int = 1, *, alloc: Allocator = numpy_allocator
+    ) -> Iterator[tuple[int, dict[str, Any]]]:
+        """``(b, batch)`` for batches ``start, start + step, ...`` of ``epoch``.
+
+        A batch maps column names to tensors of shape ``(batch_size, ...)`` (lists for
+        variable-size values), after the user transform.
+        """
+        for chunk in self.chunks(epoch, start, step, alloc=alloc):
+            yield from chunk
+
+    def chunks(
+        self,
+        epoch: int,
+        start: int,
+        step: int = 1,
+        *,
+        alloc: Allocator = numpy_allocator,
+        max_chunk: int = MAX_CHUNK,
+    ) -> Iterator[list[tuple[int, dict[str, Any]]]]:
+        """The same batches, built a chunk at a time (1, 2, 4, ... up to ``max_chunk``
+        batches): one gather per shard run per chunk. ``alloc`` places each chunk's arrays;
+        a chunk's batches are views of them."""
+        plan = self.plan(epoch)
+        rank, world = self.topology.rank, self.topology.world_size
+        fetcher = self.fetcher()
+        # The rank's shards in the order it needs them, from the resume point: prefetch
+        # walks this list a few shards ahead of the furthest shard read so far.
+        order = np.asarray(plan.rank_shards(rank, world, start_batch=start), dtype=np.int64)
+        where = {int(s): i for i, s in enumerate(order.tolist())}
+        ahead = self.cache_options.prefetch_shards
+        cursor = -1
+        sparse, by_piece = self._sparse_shards(plan)
+        if not self.cache_options.memory_only:  # shards this rank reads little of: no fill
+            fetcher.read_sparsely(sparse | by_piece)
+        fetcher.read_by_piece(by_piece)
+        if self.cache_options.memory_only:  # refuse a budget that would thrash, before reads
+            shards, _, last = plan.rank_schedule(rank, world, start)
+            last_of = dict(zip(shards.tolist(), last.tolist(), strict=True))
+            fetcher.plan_memory(self.memory_need(epoch, start, step), last_of)
+        # Before the first batch, fetch only what it needs: its blocks, whole shards that
+        # cannot be ranged, and (cacheless) headers; background fills start after it.
+        fetcher.prefetch(order[: ahead + 1], fills=False)
+        planned = _planned(plan, rank, world, start, step=step, max_chunk=max_chunk)
+        # Chunks planned but not built yet: their samples' blocks are fetched ahead.
+        window: deque[_Chunk] = deque()
+        queued, first = 0, True
+        read_ahead = self.cache_options.read_ahead_batches
+        for chunk in planned:
+            fetcher.want(chunk[2], chunk[3], chunk[0])
+            window.append(chunk)
+            queued += len(chunk[0])
+            # The first batch is built at once; later ones once the look-ahead is queued.
+            while window and (first or queued > read_ahead):
+                built = window.popleft()
+                queued -= len(built[0])
+                cursor, out = self._build(
+                    fetcher, built, order, where, cursor, epoch=epoch, alloc=alloc, fills=not first
+                )
+                if first:
+                    fetcher.prefetch(order[: max(cursor, 0) + ahead + 1])
+                first = False
+                yield out
+        while window:
+            cursor, out = self._build(
+                fetcher, window.popleft(), order, where, cursor, epoch=epoch, alloc=alloc
+            )
+            yield out
+
+    def _sparse_shards(self, plan: AnyPlan) -> tuple[set[int], set[int]]:
+        """Shards this rank reads so few samples of that filling them whole would waste
+        the link: ``(read by block, read by piece)``, neither filled.
+
+        A rank's partitions hold whole shards but at their edges (the epoch's tail,
+        uneven shards), where it reads ``k`` samples of a shard another rank reads nearly
+        all of. Those ``k`` samples lie anywhere in the shard, so they touch about
+        ``n (1 - (1 - 1/n)^k)`` of its ``n`` blocks (or pieces). A shard whose ``k`` samples
+        touch under :data:`FILL_MIN_SHARE` of its pieces (a piece table in its header) is
+        read by piece: ~48 samples of a 64 MB shard cost 3 MB, not most of its blocks.
+        Else one whose samples touch under that share of its blocks is read by block."""
+        shards, share = plan.rank_shard_shares(self.topology.rank, self.topology.world_size)
+        sparse, by_piece = set(), set()
+        for shard, part in zip(shards.tolist(), share.tolist(), strict=True):
+            if part >= FILL_MIN_SHARE:
+                continue
+            samples = part * self._shard_samples[shard]
+            pieces = self._pieces(shard)
+            if pieces and _touched(pieces, samples) < FILL_MIN_SHARE:
+                by_piece.add(shard)
+                continue
+            blocks = max(1, -(-self._shard_bytes[shard] // self._block_bytes(shard)))
+            if _touched(blocks, samples) < FILL_MIN_SHARE:
+                sparse.add(shard)
+        return sparse, by_piece
+
+    def _pieces(self, shard: int) -> int:
+        """Pieces in ``shard``'s piece table (0: it has none)."""
+        spec = self._shard_info(shard).piece_spec
+        return spec.pieces if spec is not None else 0
+
+    def _block_bytes(self, shard: int) -> int:
+        return block_size_of(self._shard_info(shard))
+
+    def _shard_info(self, shard: int) -> ShardInfo:
+        """The index entry of global shard number ``shard`` (sources in order)."""
+        for src in self.sources:
+            if shard < len(src.shards):
+                return src.shards[shard]
+            shard -= len(src.shards)
+        raise IndexError(shard)
+
+    def _build(
+        self,
+        fetcher: ShardFetcher,
+        chunk: _Chunk,
+        order: np.ndarray[Any, Any],
+        where: dict[int, int],
+        cursor: int,
+        *,
+        epoch: int,
+        alloc: Allocator,
+        fills: bool = True,
+    ) -> tuple[int, list[tuple[int, dict[str, Any]]]]:
+        """Build one planned chunk: ``(new prefetch cursor, [(b, batch), ...])``."""
+        bs, ids, shards, local = chunk
+        ahead = self.cache_options.prefetch_shards
+        needed = np.unique(shards).tolist()
+        fetcher.prefetch(needed, fills=fills)  # parallel downloads for a chunk on cold shards
+        ready = fetcher.need(shards, local, bs)  # ranged: this chunk's own blocks, verified
+
+        def reader(shard: int) -> ShardReader:
+            found = ready.get(shard)
+            return found if found is not None else fetcher.reader(shard)
+
+        built = self._builder.build(
+            shards,
+            local,
+            reader,
+            sample_ids=ids if self.spec.options.sample_ids else None,
+            alloc=alloc,
+        )
+        furthest = max(where.get(s, -1) for s in needed)
+        if furthest > cursor:
+            cursor = furthest
+            if ahead:
+                fetcher.prefetch(order[cursor + 1 : cursor + 1 + ahead], fills=fills)
+        fetcher.release_unused(set(needed))
+        out = []
+        for row, (b, batch) in enumerate(zip(bs, built, strict=True)):
+            columns = batch
+            if self.samples is not None:
+                columns = self.samples.apply(
+                    batch, epoch=epoch, batch_number=b, ids=ids[row].tolist(), alloc=alloc
+                )
+            if self.packer is not None:
+                columns = self.packer.apply(columns, alloc)
+            tensors = to_torch(columns)  # shares memory: no copy
+            if self.transform is not None:
+                tensors = self.transform(tensors)
+            out.append((b, tensors))
+        return cursor, out
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Threads, leases and mappings belong to the process that made them.
+        state = dict(self.__dict__)
+        state["_fetcher"], state["_fetcher_pid"], state["_plan"] = None, -1, None
+        state["read_stats"] = None  # holds a lock; the child counts its own reads
+        return state
+
+    def close(self, *, finish_fills_s: float = 0.0) -> None:
+        """Release leases and download threads held by this process (after giving
+        background cache fills up to ``finish_fills_s`` to finish)."""
+        if self._fetcher is not None and self._fetcher_pid == os.getpid():
+            self._fetcher.close(finish_fills_s=finish_fills_s)
+        self._fetcher = None
+
+
+def _planned(
+    plan: AnyPlan, rank: int, world: int, start: int, *, step: int, max_chunk: int
+) -> Iterator[tuple[list[int], np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
+    """``(batch numbers, ids, shard, index in shard)`` of chunks of batches ``start, start +
+    step, ...``, each array shaped ``(len(chunk), rank batch size)``.
+
+    The plan is evaluated for many batches per numpy call (its per-call overhead dwarfs the
+    arithmetic of one batch). Chunks start at one batch, so the first batch is not delayed,
+    and double up to ``max_chunk``.
+    """
+    todo = range(start, plan.num_batches, step)
+    pos, chunk = 0, 1
+    while pos < len(todo):
+        size = 1 if pos == 0 else 8 * max_chunk  # first batch fast, then amortized
+        sel = np.asarray(todo[pos : pos + size], dtype=np.int64)
+        ids = np.asarray(plan.rank_batches(sel, rank, world), dtype=np.int64)
+        shard, local = plan.locate(ids.reshape(-1))
+        shard = np.asarray(shard, dtype=np.int64).reshape(ids.shape)
+        local = np.asarray(local, dtype=np.int64).reshape(ids.shape)
+        at = 0
+        while at < len(sel):
+            take = min(chunk, len(sel) - at)
+            part = slice(at, at + take)
+            yield sel[part].tolist(), ids[part], shard[part], local[part]
+            at += take
+            chunk = min(chunk * 2, max_chunk)
+        pos += len(sel)
+
+
+def _touched(units: int, samples: float) -> float:
+    """The expected share of ``units`` equal parts of a shard that ``samples`` samples at
+    random places touch."""
+    return float(1 - (1 - 1 / units) ** samples)

@@ -1,0 +1,8 @@
+"""Workers: the fast loader's processes and the shared-memory ring they fill.
+
+- :mod:`.worker` -- a worker process's loop: a :class:`~.batches.stream.BatchStream`
+  building batches into ring slots
+- :mod:`.ring` -- the ring of shared-memory batch slots lent between processes
+
+Used by :mod:`shardstream.client.loader`; imports :mod:`~shardstream.client.batches` and below.
+"""

@@ -1,0 +1,109 @@
+"""Cache mode: a process reading blocks of a shard another process is downloading takes
+the blocks already in that download file (verified against their digests) instead of
+fetching them again; holes, half-written or flipped blocks are fetched from the store."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from shardstream.client.reads.io import BlockStats
+from shardstream.client.reads.partial import PartialShard
+from shardstream.client.reads.queue import RangeQueue
+from shardstream.mds import load_index
+from shardstream.storage import open_store
+from tests.client.reads.test_ranged_reads import BLOCK, _upload, _write
+from tests.fixtures.s3 import S3Bucket
+
+
+def test_blocks_in_a_peer_download_are_not_fetched_again(
+    s3_bucket: S3Bucket, tmp_path: Path
+) -> None:
+    _write(tmp_path / "ds")
+    _upload(tmp_path / "ds", f"{s3_bucket.url}/peer")
+    store = open_store(f"{s3_bucket.url}/peer")
+    info = load_index(store.read_bytes("index.json")).shards[0]
+    key = info.raw_data.basename
+    full = (tmp_path / "ds" / key).read_bytes()
+    blocks = -(-len(full) // BLOCK)
+    assert blocks >= 8
+    # The peer has the first half of the blocks, one of them flipped; the rest is a hole.
+    half = blocks // 2
+    image = bytearray(len(full))
+    image[: half * BLOCK] = full[: half * BLOCK]
+    image[BLOCK + 5] ^= 0xFF
+    peer = tmp_path / "tmp" / "peer.mds"
+    peer.parent.mkdir()
+    peer.write_bytes(bytes(image))
+
+    stats = BlockStats()
+    queue = RangeQueue(4, None)
+    fd = os.memfd_create("peer-test", os.MFD_CLOEXEC)
+    partial = PartialShard(
+        info=info,
+        key=key,
+        store=store,
+        fd=fd,
+        path=Path(f"/proc/self/fd/{fd}"),
+        queue=queue,
+        block_size=BLOCK,
+        range_blocks=1,
+        stats=stats,
+    )
+    partial.peers = lambda: [tmp_path / "tmp" / "gone.mds", peer]
+    partial.offer_to = lambda: [peer]  # a download file: what this process fetches goes in
+    try:
+        partial.wait(np.arange(partial.num_blocks, dtype=np.int64))
+        assert os.pread(fd, len(full) + 1, 0) == full
+    finally:
+        partial.close()
+        queue.close()
+    assert stats.peer_bytes == (half - 1) * BLOCK  # the flipped block was fetched
+    assert stats.bytes_fetched == len(full) - stats.peer_bytes
+    assert stats.corrupt_blocks == 0  # a peer's unfinished block is not a corrupt store
+    # What this process fetched went into the peer's download file too (its fill takes it
+    # from there instead of fetching it again): the peer now holds the whole shard.
+    assert peer.read_bytes() == full
+
+
+def test_a_fill_takes_blocks_other_processes_wrote_into_its_file(
+    s3_bucket: S3Bucket, tmp_path: Path
+) -> None:
+    _write(tmp_path / "ds")
+    _upload(tmp_path / "ds", f"{s3_bucket.url}/helped")
+    store = open_store(f"{s3_bucket.url}/helped")
+    info = load_index(store.read_bytes("index.json")).shards[0]
+    key = info.raw_data.basename
+    full = (tmp_path / "ds" / key).read_bytes()
+    blocks = -(-len(full) // BLOCK)
+    target = tmp_path / "download.mds"
+    fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    stats, queue = BlockStats(), RangeQueue(4, None)
+    partial = PartialShard(
+        info=info,
+        key=key,
+        store=store,
+        fd=fd,
+        path=target,
+        queue=queue,
+        block_size=BLOCK,
+        range_blocks=2,
+        stats=stats,
+    )
+    partial.node_shared = True
+    # Another process wrote blocks 1-3 (verified) into this file; block 5 is garbage.
+    with open(target, "r+b") as other:
+        other.seek(BLOCK)
+        other.write(full[BLOCK : 4 * BLOCK])
+        other.seek(5 * BLOCK)
+        other.write(b"\x01" * BLOCK)
+    try:
+        partial.wait(np.arange(blocks, dtype=np.int64))
+        assert target.read_bytes() == full
+    finally:
+        partial.close()
+        queue.close()
+    assert stats.peer_bytes >= 2 * BLOCK  # at least one whole run of two came from the file
+    assert stats.bytes_fetched == len(full) - stats.peer_bytes
