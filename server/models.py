@@ -255,3 +255,16 @@ class RankInputStatsRow(Base):
     total: Mapped[dict[str, Any]] = mapped_column(JSON)
     history: Mapped[list[Any]] = mapped_column(JSON)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class RunMixtureRow(Base):
+    """A run's mixture over training (:mod:`~shardstream.server.data.mixture_history`):
+    per finished window of ``width`` global steps (window ``i`` is steps ``[i width,
+    (i + 1) width)``), the samples each source gave and the schedule's weights over it
+    (``[[samples...], [weights...]]``), at most ``MAX_MIXTURE_WINDOWS`` windows."""
+
+    __tablename__ = "run_mixture"
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    width: Mapped[int] = mapped_column(BigInteger)
+    windows: Mapped[list[Any]] = mapped_column(JSON)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

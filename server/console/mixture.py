@@ -3,8 +3,9 @@ samples each source has given the run so far.
 
 Everything is recomputed from the latest checkpoint's plan (``plan["schedule"]``, the
 global batch size, the tail rule) and the epoch size, with the plan's own arithmetic
-(:mod:`shardstream.client.plan._scheduled`): whole segments count exactly, the segment the
-run is in proportionally (inside a segment the sources are mixed evenly). A stored plan
+(:class:`~shardstream.server.data.mixture_history.MixturePlan`): whole segments count
+exactly, the segment the run is in proportionally (inside a segment the sources are mixed
+evenly). A stored plan
 is whatever a client sent, so anything unexpected leaves the section out rather than
 failing the page.
 """
@@ -15,9 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shardstream.client.plan._scheduled import epoch_segments, split_by_weights
-from shardstream.client.plan._weights import MixtureSchedule
-from shardstream.errors import PlanError
+from shardstream.server.data.mixture_history import MixturePlan
 
 MAX_EPOCHS = 10_000
 """Epochs the console sums over at most (a plan claiming more is not shown)."""
@@ -58,39 +57,16 @@ def mixture_view(
 ) -> MixtureView | None:  # fmt: skip
     """The schedule section for a run at ``(epoch, sample_in_epoch)``, or None when the
     plan has no schedule (or one the console cannot read)."""
-    params = plan.get("plan") if isinstance(plan.get("plan"), Mapping) else plan
-    if not isinstance(params, Mapping) or params.get("schedule") is None:
+    if not 0 <= epoch <= MAX_EPOCHS:
         return None
-    batch = params.get("global_batch_size")
-    if not isinstance(batch, int) or isinstance(batch, bool) or batch <= 0:
+    arithmetic = MixturePlan.of(plan, len(names), epoch_samples)
+    if arithmetic is None:
         return None
-    if not epoch_samples or not 0 <= epoch <= MAX_EPOCHS:
-        return None
-    try:
-        schedule = MixtureSchedule.from_params(params["schedule"])
-    except (PlanError, TypeError, ValueError):
-        return None
-    if schedule is None or schedule.num_sources != len(names):
-        return None
-    drop = params.get("tail", "drop") != "pad"
-    num_batches = epoch_samples // batch if drop else -(-epoch_samples // batch)
-    if num_batches < 1:
-        return None
-    step_in_epoch = min(sample_in_epoch // batch, num_batches)
-    totals = [0] * len(names)
-    weights_now = schedule.pieces()[0][1]
-    for e in range(epoch + 1):
-        segs = epoch_segments(schedule, e, num_batches)
-        for k, (a, z, weights) in enumerate(segs):
-            items = (z - a) * batch if k + 1 < len(segs) else epoch_samples - a * batch
-            counts = split_by_weights(items, weights)
-            if e == epoch and a <= step_in_epoch:
-                weights_now = weights  # the segment the run is in (or the last one reached)
-            done = z - a if e < epoch else max(0, min(z, step_in_epoch) - a)
-            for s, c in enumerate(counts):
-                totals[s] += c if done == z - a else c * done // (z - a)
+    step = arithmetic.position(epoch, sample_in_epoch)
+    totals = arithmetic.counts(0, step)
+    weights_now = arithmetic.weights_at(step)  # for the run's next batch
     consumed = sum(totals)
-    weight_sum = sum(weights_now) or 1.0
+    schedule = arithmetic.schedule
     phases, start = [], 0
     for phase in schedule.to_params():
         phases.append(_phase_text(phase, start))
@@ -99,8 +75,8 @@ def mixture_view(
     return MixtureView(
         phases=phases,
         sources=[
-            SourceShare(name, w / weight_sum, n, n / consumed if consumed else 0.0)
+            SourceShare(name, w, n, n / consumed if consumed else 0.0)
             for name, w, n in zip(names, weights_now, totals, strict=True)
         ],
-        step=epoch * num_batches + step_in_epoch,
+        step=step,
     )

@@ -25,6 +25,7 @@ from shardstream.server.api.deps import RunId, SessionDep, authenticate, princip
 from shardstream.server.auth import Principal
 from shardstream.server.console import display, mixture, progress, session_store
 from shardstream.server.console.input_view import sparkline
+from shardstream.server.console.mixture_chart import mixture_chart
 from shardstream.server.console.session import (
     PREFIX,
     check_csrf,
@@ -39,6 +40,7 @@ from shardstream.server.console.session import (
 from shardstream.server.data import audit as audit_data
 from shardstream.server.data import datasets as datasets_data
 from shardstream.server.data import input_stats as input_stats_data
+from shardstream.server.data import mixture_history
 from shardstream.server.data import runs as runs_data
 from shardstream.server.data import tokens as tokens_data
 from shardstream.server.data import versions as versions_data
@@ -354,6 +356,7 @@ async def run(request: Request, who: User, session: SessionDep, run_id: RunId) -
             state.epoch or 0,
             state.sample_in_epoch or 0,
         )
+        chart, legend = mixture_chart(mixture_history.for_run(session, run_id)) if mix else ("", [])
         # The audit reads every checkpoint once: on the page up to AUDIT_ON_PAGE of them.
         report = audit_data.audit(session, run_id) if (total or 0) <= AUDIT_ON_PAGE else None
         return {
@@ -362,6 +365,8 @@ async def run(request: Request, who: User, session: SessionDep, run_id: RunId) -
             "run": runs_data.to_public(row, [s for s, _ in sources]),
             "progress": state,
             "mixture": mix,
+            "mixture_chart": chart,
+            "mixture_legend": legend,
             "chart": progress.chart_svg(pts),
             "points": pts[::-1][:PAGE],
             "checkpoints": int(total or 0),

@@ -10,12 +10,11 @@ The chart is an inline SVG drawn here: no chart library, nothing fetched by the 
 from __future__ import annotations
 
 import html
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
+from shardstream.server.data.epoch_size import epoch_samples
 from shardstream.server.models import CheckpointRow, RunRow, RunSourceRow, utcnow
 
 STALE_AFTER = timedelta(hours=1)
@@ -59,51 +58,6 @@ class RunProgress:
         if self.last_checkpoint is None:
             return None
         return (now or utcnow()) - self.last_checkpoint
-
-
-MAX_EPOCH_SAMPLES = 2**62
-"""Largest epoch size the console believes; a plan saying more is shown without one."""
-
-
-def epoch_samples(plan: dict[str, Any], sources: Sequence[tuple[RunSourceRow, int]]) -> int | None:
-    """Samples in one epoch: the plan's ``epoch_size``, else the sources' (mixture counts,
-    else the versions' sample totals times their repeat); None when unknown.
-
-    A stored plan is whatever a client sent (older servers did not bound its numbers), so
-    every value is checked here: a value that is not a sensible count or repeat (negative,
-    a bool, ``1e308``, beyond :data:`MAX_EPOCH_SAMPLES`) leaves the size unknown rather
-    than failing the page for every viewer.
-    """
-    params = plan.get("plan") if isinstance(plan.get("plan"), dict) else plan
-    size = params.get("epoch_size") if isinstance(params, dict) else None
-    if isinstance(size, int) and _is_count(size) and 0 < size <= MAX_EPOCH_SAMPLES:
-        return size
-    mixture = params.get("mixture") if isinstance(params, dict) else None
-    total = 0
-    for i, (_, version_samples) in enumerate(sources):
-        count = None
-        repeat = 1.0
-        if isinstance(mixture, list) and i < len(mixture) and isinstance(mixture[i], list):
-            entry = mixture[i]
-            if len(entry) > 2 and _is_count(entry[2]):
-                count = int(entry[2])
-            if len(entry) > 1 and _is_number(entry[1]) and entry[1]:
-                repeat = float(entry[1])
-        if count is None:
-            samples = version_samples * repeat
-            if not (math.isfinite(samples) and 0 <= samples <= MAX_EPOCH_SAMPLES):
-                return None
-            count = int(samples)
-        total += count
-    return total if 0 < total <= MAX_EPOCH_SAMPLES else None
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def progress(

@@ -12,7 +12,8 @@ normalized to UTC, and free-form JSON documents are bounded in size and depth
 
 Import everything from here; the private modules hold the field types and validators
 (``_fields``, ``_json``), datasets, versions, shards and presigned URLs (``_datasets``), runs and
-checkpoints (``_runs``), tokens (``_tokens``) and the entity-less responses (``_responses``).
+checkpoints (``_runs``), a run's mixture over training (``_mixture``), tokens (``_tokens``)
+and the entity-less responses (``_responses``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ._datasets import (
 from ._fields import MAX_INT, NAME_PATTERN, check_name, check_shard_key
 from ._input_stats import InputStatsReport, RankInputStats, RunInputStats, RunInputSummary
 from ._json import FieldLimits, check_json_document, field_limits, set_field_limits
+from ._mixture import MAX_MIXTURE_WINDOWS, MixtureWindow, RunMixtureHistory
 from ._responses import ErrorResponse, Health, Page
 from ._runs import (
     AttemptCreate,
@@ -52,6 +54,7 @@ from ._tokens import Scope, TokenCreate, TokenPublic
 
 __all__ = [
     "MAX_INT",
+    "MAX_MIXTURE_WINDOWS",
     "MAX_PRESIGN_KEYS",
     "MAX_SHARDS_PER_BATCH",
     "NAME_PATTERN",
@@ -65,6 +68,7 @@ __all__ = [
     "FieldLimits",
     "Health",
     "InputStatsReport",
+    "MixtureWindow",
     "Page",
     "PresignRequest",
     "PresignResponse",
@@ -73,6 +77,7 @@ __all__ = [
     "RunCreate",
     "RunInputStats",
     "RunInputSummary",
+    "RunMixtureHistory",
     "RunPublic",
     "RunSource",
     "RunStatus",

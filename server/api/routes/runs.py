@@ -13,6 +13,7 @@ from shardstream.server.data import attempts as attempts_data
 from shardstream.server.data import audit as audit_data
 from shardstream.server.data import checkpoints as checkpoints_data
 from shardstream.server.data import input_stats as input_stats_data
+from shardstream.server.data import mixture_history
 from shardstream.server.data import runs as data
 from shardstream.wire import (
     AttemptCreate,
@@ -22,6 +23,7 @@ from shardstream.wire import (
     Page,
     RunCreate,
     RunInputStats,
+    RunMixtureHistory,
     RunPublic,
     RunUpdate,
 )
@@ -96,6 +98,8 @@ def commit_checkpoint(
         metric.labels("conflict").inc()
         raise
     metric.labels(result.value).inc()
+    if result is checkpoints_data.CommitResult.created:  # a new position: its windows
+        mixture_history.record(session, run_id, body.epoch, body.sample_in_epoch, body.plan)
     if body.stats is not None:  # every rank's own figures, replays of the step included
         input_stats_data.record(session, run_id, body.step, body.stats)
     if result is checkpoints_data.CommitResult.unchanged:
@@ -179,3 +183,14 @@ def input_stats(
     commits; ``next_cursor`` pages through the rest, slowest first (see docs/training.md)."""
     data.require_readable(session, who, run_id)
     return input_stats_data.for_run(session, run_id, limit=limit, cursor=cursor)
+
+
+@router.get("/{run_id}/mixture")
+def mixture(run_id: RunId, session: SessionDep, who: Reader) -> RunMixtureHistory:
+    """The run's mixture over training: per window of global steps (at most 64 finished
+    ones, their width doubling as the run grows, plus the one it is in), the samples each
+    source gave, their tokens where every source's samples have a fixed length, and the
+    weights the run's schedule planned for the window (see docs/console.md). A run
+    without a schedule answers ``scheduled: false`` and no windows."""
+    data.require_readable(session, who, run_id)
+    return mixture_history.for_run(session, run_id)

@@ -1,0 +1,344 @@
+"""A run's mixture over training: per window of global steps, the samples (and tokens,
+where a sample's token count is fixed) each source gave, beside the weights the run's
+schedule planned for that window.
+
+**Where the figures come from.** A checkpoint commit records the run's position
+(``epoch``, ``sample_in_epoch``) and its plan (the schedule, the global batch size, the tail
+rule, the epoch size). The plan is a pure function of those: which source each sample of
+a global step comes from is fixed by the plan's arithmetic
+(:mod:`shardstream.client.plan._scheduled`), and the audit proves the run consumed the
+plan's batches in order. So the samples a source gave over steps ``[a, b)`` are counted
+here from the plan, with no extra figures from the client: each segment (a constant
+piece of the schedule within an epoch) whole segments exactly, a segment the window cuts
+in proportion (inside a segment the plan mixes its sources evenly). Tokens are samples
+times the source's tokens per sample, known when its version's token column has a fixed
+shape (``ndarray:<dtype>:<seq_len>``, what ``build text`` writes); documents of varying
+length have none, and then the run has no token figures.
+
+**Bounded.** A run's row keeps at most :data:`MAX_MIXTURE_WINDOWS` finished windows of
+equal width (window ``i`` is steps ``[i w, (i + 1) w)``); when the run's position passes
+the last of them, neighbouring windows are merged in pairs and the width doubles, so the
+windows always cover the whole run and a row holds at most ``64 x sources x 2`` numbers
+whatever the client commits. Each window is counted when a commit first passes it (with
+the plan of that commit: a plan changed on a resume counts from there on), a rollback
+drops the windows after the position it went back to, and the window the run is in is
+counted when read, up to the latest checkpoint. Counting a window costs O(schedule pieces
+it spans), never O(epochs): runs of whole epochs inside one piece are counted at once.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from shardstream.client.plan._scheduled import split_by_weights
+from shardstream.client.plan._weights import MixtureSchedule
+from shardstream.errors import PlanError
+from shardstream.server.models import CheckpointRow, RunMixtureRow, RunSourceRow, VersionRow, utcnow
+from shardstream.wire import MixtureWindow, RunMixtureHistory
+from shardstream.wire._mixture import MAX_MIXTURE_WINDOWS
+
+from . import runs as runs_data
+from .epoch_size import MAX_EPOCH_SAMPLES, epoch_samples
+
+__all__ = ["MAX_MIXTURE_WINDOWS", "MixturePlan", "for_run", "record", "tokens_per_sample"]
+
+MAX_PIECES = 1024
+"""Constant pieces a schedule may have for the server to count it (a stored plan is
+whatever a client sent: a linear phase of a billion steps is not expanded)."""
+
+TOKEN_COLUMNS = ("tokens", "input_ids")
+"""Column names taken as the token column first (else a version's only fixed-shape array)."""
+
+
+@dataclass(frozen=True)
+class MixturePlan:
+    """A stored plan's schedule arithmetic: which source the samples of any range of
+    global steps come from (see the module)."""
+
+    schedule: MixtureSchedule
+    batch: int
+    epoch_samples: int
+    num_batches: int
+    starts: tuple[int, ...]
+    weights: tuple[tuple[float, ...], ...]
+
+    @classmethod
+    def of(
+        cls, plan: Mapping[str, Any], num_sources: int, epoch_samples: int | None
+    ) -> MixturePlan | None:
+        """The arithmetic of ``plan`` (a checkpoint's or run's stored plan), or None when it
+        has no schedule, or one this server cannot count for ``num_sources`` sources."""
+        params = plan.get("plan") if isinstance(plan.get("plan"), Mapping) else plan
+        if not isinstance(params, Mapping) or params.get("schedule") is None:
+            return None
+        batch = params.get("global_batch_size")
+        if not isinstance(batch, int) or isinstance(batch, bool) or batch <= 0:
+            return None
+        if not epoch_samples or not 0 < epoch_samples <= MAX_EPOCH_SAMPLES:
+            return None
+        try:
+            schedule = MixtureSchedule.from_params(params["schedule"])
+        except (PlanError, TypeError, ValueError):
+            return None
+        if schedule is None or schedule.num_sources != num_sources:
+            return None
+        if _piece_count(schedule) > MAX_PIECES:
+            return None
+        drop = params.get("tail", "drop") != "pad"
+        num_batches = epoch_samples // batch if drop else -(-epoch_samples // batch)
+        if num_batches < 1:
+            return None
+        pieces = schedule.pieces()
+        return cls(
+            schedule,
+            batch,
+            epoch_samples,
+            num_batches,
+            tuple(start for start, _ in pieces),
+            tuple(weights for _, weights in pieces),
+        )
+
+    def position(self, epoch: int, sample_in_epoch: int) -> int:
+        """The global step (batches since the run's start) of a checkpoint's position."""
+        return epoch * self.num_batches + min(sample_in_epoch // self.batch, self.num_batches)
+
+    def weights_at(self, step: int) -> tuple[float, ...]:
+        """The weights in force at global ``step``, normalized to sum to 1."""
+        weights = self.weights[bisect.bisect_right(self.starts, step) - 1]
+        total = sum(weights) or 1.0
+        return tuple(w / total for w in weights)
+
+    def planned(self, lo: int, hi: int) -> list[float]:
+        """The schedule's normalized weights averaged over global steps ``[lo, hi)``."""
+        out = [0.0] * self.schedule.num_sources
+        i = bisect.bisect_right(self.starts, lo) - 1
+        while i < len(self.starts) and self.starts[i] < hi:
+            stop = self.starts[i + 1] if i + 1 < len(self.starts) else hi
+            span = min(stop, hi) - max(self.starts[i], lo)
+            total = sum(self.weights[i]) or 1.0
+            for s, w in enumerate(self.weights[i]):
+                out[s] += span * w / total
+            i += 1
+        return [round(v / (hi - lo), 6) for v in out] if hi > lo else out
+
+    def counts(self, lo: int, hi: int) -> list[int]:
+        """Samples each source gave over global steps ``[lo, hi)``: whole segments
+        exactly, a cut segment in proportion (as the plan's arithmetic splits them)."""
+        out = [0] * self.schedule.num_sources
+        n = self.num_batches
+        epoch = lo // n
+        while epoch * n < hi:
+            first, stop = epoch * n, (epoch + 1) * n
+            i = bisect.bisect_right(self.starts, first) - 1
+            next_start = self.starts[i + 1] if i + 1 < len(self.starts) else None
+            if first >= lo and stop <= hi and (next_start is None or next_start >= stop):
+                # Whole epochs inside one piece: one segment each, counted at once.
+                last = hi // n if next_start is None else min(next_start // n, hi // n)
+                whole = split_by_weights(self.epoch_samples, self.weights[i])
+                for s, c in enumerate(whole):
+                    out[s] += (last - epoch) * c
+                epoch = last
+                continue
+            self._add_epoch(out, epoch, lo, hi)
+            epoch += 1
+        return out
+
+    def _add_epoch(self, out: list[int], epoch: int, lo: int, hi: int) -> None:
+        first, stop = epoch * self.num_batches, (epoch + 1) * self.num_batches
+        i = bisect.bisect_right(self.starts, first) - 1
+        segments = []
+        while i < len(self.starts) and self.starts[i] < stop:
+            end = self.starts[i + 1] if i + 1 < len(self.starts) else stop
+            segments.append((max(self.starts[i], first) - first, min(end, stop) - first, i))
+            i += 1
+        for k, (a, z, piece) in enumerate(segments):
+            last = k + 1 == len(segments)
+            items = self.epoch_samples - a * self.batch if last else (z - a) * self.batch
+            done = max(0, min(z, hi - first) - max(a, lo - first))
+            if not done:
+                continue
+            for s, c in enumerate(split_by_weights(items, self.weights[piece])):
+                out[s] += c if done == z - a else c * done // (z - a)
+
+
+def _piece_count(schedule: MixtureSchedule) -> int:
+    """The pieces :meth:`MixtureSchedule.pieces` would make, without making them."""
+    count, start = 1, 0
+    for phase in schedule.phases:
+        if phase.end_weights is None or phase.until is None:
+            count += 1
+        else:
+            count += min(phase.steps, phase.until - start)
+        start = phase.until if phase.until is not None else start
+    return count
+
+
+def tokens_per_sample(columns: object) -> int | None:
+    """Tokens in one sample of a version with these ``columns`` (name -> MDS encoding):
+    the element count of its token column when that has a fixed shape
+    (``ndarray:uint16:2048``); None for documents of varying length or no token column."""
+    if not isinstance(columns, Mapping):
+        return None
+    fixed: dict[str, int] = {}
+    for name, encoding in columns.items():
+        parts = str(encoding).split(":")
+        if parts[0] != "ndarray" or len(parts) != 3:
+            continue
+        try:
+            dims = [int(d) for d in parts[2].split(",")]
+        except ValueError:
+            continue
+        if dims and all(0 < d <= MAX_EPOCH_SAMPLES for d in dims):
+            fixed[str(name)] = math.prod(dims)
+    for name in TOKEN_COLUMNS:
+        if name in fixed:
+            return fixed[name]
+    return next(iter(fixed.values())) if len(fixed) == 1 else None
+
+
+# -- the windows -------------------------------------------------------------------------
+
+
+def _advance(
+    windows: list[Any], width: int, plan: MixturePlan, position: int
+) -> tuple[list[Any], int]:
+    """``windows`` (of ``width`` steps) brought to ``position``: those past it dropped (a
+    rollback), pairs merged while more than the cap would be finished, the finished ones
+    not yet counted counted with ``plan``."""
+    windows = windows[: position // width]
+    while position // width > MAX_MIXTURE_WINDOWS:
+        windows = [_merge(windows[i], windows[i + 1]) for i in range(0, len(windows) - 1, 2)]
+        width *= 2
+    for i in range(len(windows), position // width):
+        lo, hi = i * width, (i + 1) * width
+        windows.append([plan.counts(lo, hi), plan.planned(lo, hi)])
+    return windows, width
+
+
+def _merge(a: Sequence[Any], b: Sequence[Any]) -> list[Any]:
+    samples = [x + y for x, y in zip(a[0], b[0], strict=True)]
+    planned = [round((x + y) / 2, 6) for x, y in zip(a[1], b[1], strict=True)]
+    return [samples, planned]
+
+
+def _sources(session: Session, run_id: int) -> list[tuple[RunSourceRow, int, object]]:
+    rows = session.execute(
+        select(RunSourceRow, VersionRow.total_samples, VersionRow.columns)
+        .outerjoin(VersionRow, VersionRow.id == RunSourceRow.version_id)
+        .where(RunSourceRow.run_id == run_id)
+        .order_by(RunSourceRow.position)
+    ).all()
+    return [(src, int(samples or 0), columns) for src, samples, columns in rows]
+
+
+def _plan_of(
+    plan: Mapping[str, Any], sources: Sequence[tuple[RunSourceRow, int, object]]
+) -> MixturePlan | None:
+    sized = [(src, samples) for src, samples, _ in sources]
+    return MixturePlan.of(plan, len(sources), epoch_samples(dict(plan), sized))
+
+
+def _is_scheduled(plan: Mapping[str, Any]) -> bool:
+    params = plan.get("plan") if isinstance(plan.get("plan"), Mapping) else plan
+    return isinstance(params, Mapping) and params.get("schedule") is not None
+
+
+def record(
+    session: Session, run_id: int, epoch: int, sample_in_epoch: int, plan: Mapping[str, Any]
+) -> None:
+    """Count the windows a new checkpoint (at ``epoch``, ``sample_in_epoch``, with
+    ``plan``) finished; nothing for a plan without a schedule (one query for those)."""
+    if not _is_scheduled(plan):
+        return
+    mixture = _plan_of(plan, _sources(session, run_id))
+    if mixture is None:
+        return
+    position = mixture.position(epoch, sample_in_epoch)
+    row = session.get(RunMixtureRow, run_id)
+    if row is None:
+        row = RunMixtureRow(run_id=run_id, width=1, windows=[], updated_at=utcnow())
+        session.add(row)
+    stored = [w for w in row.windows if _fits(w, mixture)]
+    if len(stored) != len(row.windows):
+        stored = []  # not this run's shape (cannot happen through the API): count afresh
+    windows, width = _advance(stored, row.width, mixture, position)
+    if (windows, width) != (row.windows, row.width):
+        row.windows, row.width, row.updated_at = windows, width, utcnow()
+
+
+def _fits(window: object, plan: MixturePlan) -> bool:
+    n = plan.schedule.num_sources
+    return (
+        isinstance(window, list)
+        and len(window) == 2
+        and all(isinstance(part, list) and len(part) == n for part in window)
+    )
+
+
+def for_run(session: Session, run_id: int) -> RunMixtureHistory:
+    """The run's mixture over training, up to its latest checkpoint (see the module)."""
+    run = runs_data.get(session, run_id)
+    sources = _sources(session, run_id)
+    names = [f"{src.dataset} v{src.version}" for src, _, _ in sources]
+    per_sample = [tokens_per_sample(columns) for _, _, columns in sources]
+    latest = session.scalars(
+        select(CheckpointRow)
+        .where(CheckpointRow.run_id == run_id, CheckpointRow.superseded_by.is_(None))
+        .order_by(CheckpointRow.step.desc())
+        .limit(1)
+    ).first()
+    mixture = _plan_of(latest.plan if latest is not None else run.plan, sources)
+    history = RunMixtureHistory(
+        run_id=run_id, sources=names, scheduled=mixture is not None, tokens_per_sample=per_sample
+    )
+    if mixture is None:
+        return history
+    ends = [p.until for p in mixture.schedule.phases if p.until is not None]
+    if latest is None:
+        return history.model_copy(update={"step": None, "phase_ends": ends})
+    position = mixture.position(latest.epoch, latest.sample_in_epoch)
+    row = session.get(RunMixtureRow, run_id)
+    stored = list(row.windows) if row is not None else []
+    if not all(_fits(w, mixture) for w in stored):
+        stored = []
+    windows, width = _advance(stored, row.width if row is not None else 1, mixture, position)
+    known = None if None in per_sample else [int(n or 0) for n in per_sample]
+    out = [
+        _window(i * width, (i + 1) * width, samples, planned, known)
+        for i, (samples, planned) in enumerate(windows)
+    ]
+    through = len(windows) * width
+    if through < position:  # the window the run is in, up to its latest checkpoint
+        counted = mixture.counts(through, position)
+        out.append(
+            _window(
+                through, position, counted, mixture.planned(through, position), known, open_=True
+            )
+        )
+    return history.model_copy(
+        update={"step": position, "window_steps": width, "phase_ends": ends, "windows": out}
+    )
+
+
+def _window(
+    start: int,
+    stop: int,
+    samples: list[int],
+    planned: list[float],
+    per_sample: list[int] | None,
+    *,
+    open_: bool = False,
+) -> MixtureWindow:
+    tokens = (
+        None if per_sample is None else [c * t for c, t in zip(samples, per_sample, strict=True)]
+    )
+    return MixtureWindow(
+        start=start, stop=stop, samples=samples, tokens=tokens, planned=planned, open=open_
+    )
