@@ -85,6 +85,8 @@ class MixturePlan:
             return None
         try:
             schedule = MixtureSchedule.from_params(params["schedule"])
+            if schedule is not None:  # phase ends in tokens counted as the steps they are
+                schedule = schedule.in_steps()
         except (PlanError, TypeError, ValueError):
             return None
         if schedule is None or schedule.num_sources != num_sources:
@@ -169,13 +171,17 @@ class MixturePlan:
 
 
 def _piece_count(schedule: MixtureSchedule) -> int:
-    """The pieces :meth:`MixtureSchedule.pieces` would make, without making them."""
+    """At least the pieces :meth:`MixtureSchedule.pieces` would make, without making them:
+    a constant phase is one, a linear one at most its ``steps`` (fewer when it is
+    shorter)."""
     count, start = 1, 0
     for phase in schedule.phases:
-        if phase.end_weights is None or phase.until is None:
+        if phase.end_weights is None:
             count += 1
+        elif phase.until is None:
+            count += phase.steps
         else:
-            count += min(phase.steps, phase.until - start)
+            count += min(phase.steps, max(1, phase.until - start))
         start = phase.until if phase.until is not None else start
     return count
 

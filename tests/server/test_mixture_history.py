@@ -140,6 +140,7 @@ def test_the_curve_follows_the_phase_change_in_samples_and_tokens(
 def test_odd_runs_answer_without_windows_and_never_fail(
     api: TestClient, app: FastAPI, tmp_path: Path
 ) -> None:
+    assert api.get("/v1/runs/999999/mixture").status_code == 404
     run = _run(api, tmp_path)
     empty = api.get(f"/v1/runs/{run}/mixture").json()  # no commit, no schedule
     assert empty["scheduled"] is False and empty["windows"] == [] and empty["step"] is None
