@@ -18,7 +18,6 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shardstream.errors import (
@@ -163,8 +162,8 @@ def verify_shards(
 def _inside_local_root(store: ObjectStore) -> Callable[[str], bool]:
     """For a local store, whether a key's file really is under the root (no symlink out
     of it, whose target's size an error would reveal); always true for other stores."""
-    root = getattr(store, "root", None)
-    if not isinstance(root, Path):
+    root = store.capabilities.local_root
+    if root is None:
         return lambda _key: True
     real_root = os.path.realpath(root)
 
@@ -237,7 +236,6 @@ def _ignore_result(future: asyncio.Future[None]) -> None:
 
 def presign(store: ObjectStore, keys: list[str], expires_s: int) -> dict[str, str]:
     """GET URLs for ``keys``: presigned for S3, plain ``file://`` URLs for local roots."""
-    presign_get = getattr(store, "presign_get", None)
-    if presign_get is not None:
-        return {key: str(presign_get(key, expires_s)) for key in keys}
+    if store.capabilities.presigns:
+        return {key: store.presign_get(key, expires_s) for key in keys}
     return {key: store.url(key) for key in keys}

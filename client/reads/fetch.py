@@ -42,7 +42,6 @@ from shardstream.client.reads.queue import RangeQueue
 from shardstream.client.sources.source import ResolvedSource
 from shardstream.errors import ConfigError
 from shardstream.mds import ShardReader
-from shardstream.storage import LocalStore
 
 __all__ = ["ShardFetcher", "fetch_shard"]
 
@@ -119,7 +118,7 @@ class ShardFetcher(ShardFills, BlockDemand):
         opts = self._options
         if info.compression is not None or not opts.ranged_reads:
             return False  # a zstd frame cannot be read in pieces
-        if self._cache is not None and isinstance(source.store(), LocalStore):
+        if self._cache is not None and source.store().capabilities.local:
             return False  # a local copy is one sequential read anyway
         if getattr(info, "block_digests", None) is not None:
             # One block: by range it costs the header, pieces and then this very block
@@ -137,8 +136,7 @@ class ShardFetcher(ShardFills, BlockDemand):
         with self._lock:  # prefetch threads and the reader race to build it
             if self._queue is None:
                 threads = max(self._options.download_threads, source_connections(self._sources))
-                limit = getattr(self._sources[0].store(), "limit", None)
-                capacity = None if limit is None else (lambda: int(limit.limit))
+                capacity = self._sources[0].store().capabilities.connection_limit
                 self._queue = RangeQueue(threads, capacity)
             return self._queue
 

@@ -181,8 +181,7 @@ def source_connections(sources: Sequence[ResolvedSource]) -> int:
     """Threads for ranged reads: the most concurrent requests the sources' stores allow."""
     best = 8
     for source in sources:
-        options = getattr(source.store(), "options", None)
-        best = max(best, int(getattr(options, "max_connections", 0)))
+        best = max(best, source.store().capabilities.max_connections)
     return best
 
 

@@ -12,7 +12,7 @@ Errors are always :mod:`shardstream.errors` classes (``ObjectNotFoundError``,
 
 from __future__ import annotations
 
-from ._base import ObjectStore
+from ._base import ObjectStore, StoreCapabilities
 from ._http import HTTPStore, Resolver
 from ._keys import check_key
 from ._local import LocalStore
@@ -28,6 +28,7 @@ __all__ = [
     "Resolver",
     "S3Store",
     "StorageOptions",
+    "StoreCapabilities",
     "check_key",
     "open_store",
     "storage_counters",

@@ -6,7 +6,8 @@ import contextlib
 import os
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -15,6 +16,32 @@ from shardstream.hashing import verify_file
 
 TEMP_PREFIX = ".shardstream-tmp."
 """Name prefix of in-flight temp files; never listed as keys."""
+
+
+@dataclass(frozen=True)
+class StoreCapabilities:
+    """What a store can do, declared by its backend so that callers ask instead of probing
+    its type or attributes (:attr:`ObjectStore.capabilities`).
+
+    >>> LocalStore("/data").capabilities.local            # doctest: +SKIP
+    True
+    """
+
+    local_root: Path | None = None
+    """The folder the store's objects are files in, where its reads are local file reads
+    (a cache copy of them would only duplicate the file); ``None`` for remote stores."""
+    presigns: bool = False
+    """Whether :meth:`ObjectStore.presign_get` hands out URLs anyone can GET for a while."""
+    max_connections: int = 0
+    """The most requests the store runs at once in this process (0: no connection pool)."""
+    connection_limit: Callable[[], int] | None = None
+    """The requests the store lets run at once now (its adaptive limit, read anew on each
+    call, in whichever process calls); ``None`` where nothing limits them."""
+
+    @property
+    def local(self) -> bool:
+        """Whether reads are local file reads."""
+        return self.local_root is not None
 
 
 class ObjectStore(ABC):
@@ -28,7 +55,20 @@ class ObjectStore(ABC):
     >>> store.write_bytes("a/b.bin", b"hello")     # doctest: +SKIP
     >>> store.read_bytes("a/b.bin")                # doctest: +SKIP
     b'hello'
+
+    Every backend declares its :attr:`capabilities`; a store that wraps another one passes
+    its inner store's through.
     """
+
+    @property
+    @abstractmethod
+    def capabilities(self) -> StoreCapabilities:
+        """What this store can do (local reads, presigning, its connection limit)."""
+
+    def presign_get(self, key: str, expires_s: int = 3600) -> str:
+        """A URL anyone can GET for ``expires_s`` seconds; only where
+        ``capabilities.presigns`` (else :class:`StorageError`)."""
+        raise StorageError(f"{self.url(key)}: this store cannot presign URLs")
 
     @abstractmethod
     def read_bytes(self, key: str) -> bytes:

@@ -22,6 +22,7 @@ import httpx
 
 from shardstream.errors import ObjectNotFoundError, ShardstreamError, StorageError
 
+from ._base import StoreCapabilities
 from ._errors import error_for_status, retry_after, storage_errors
 from ._keys import check_key
 from ._options import StorageOptions
@@ -70,6 +71,12 @@ class HTTPStore(RemoteStore):
 
     def __repr__(self) -> str:
         return f"HTTPStore({self.name!r})"
+
+    @property
+    def capabilities(self) -> StoreCapabilities:
+        """Remote reads through the process's adaptive limit; it cannot presign (its URLs
+        are already presigned, by whoever resolves them)."""
+        return self._remote_capabilities(presigns=False)
 
     def _new_client(self) -> httpx.Client:
         return shared_client(self.options)

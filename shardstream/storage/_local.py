@@ -14,6 +14,7 @@ from shardstream.errors import StorageError
 from ._base import (
     TEMP_PREFIX,
     ObjectStore,
+    StoreCapabilities,
     check_range,
     check_size,
     finish_download,
@@ -37,6 +38,11 @@ class LocalStore(ObjectStore):
 
     def __repr__(self) -> str:
         return f"LocalStore({str(self.root)!r})"
+
+    @property
+    def capabilities(self) -> StoreCapabilities:
+        """Local file reads under :attr:`root`; no presigning, no connections."""
+        return StoreCapabilities(local_root=self.root)
 
     def _path(self, key: str) -> Path:
         return self.root.joinpath(*check_key(key).split("/"))

@@ -22,6 +22,7 @@ import botocore.session
 
 from shardstream.errors import ConfigError, ObjectNotFoundError, StorageError
 
+from ._base import StoreCapabilities
 from ._errors import storage_errors
 from ._keys import check_key, check_prefix, join_key
 from ._options import S3_MAX_PARTS, S3_MIN_UPLOAD_PART, StorageOptions
@@ -61,6 +62,11 @@ class S3Store(RemoteStore):
 
     def __repr__(self) -> str:
         return f"S3Store({self.url()!r})"
+
+    @property
+    def capabilities(self) -> StoreCapabilities:
+        """Remote reads through the process's adaptive limit; presigns GET URLs."""
+        return self._remote_capabilities(presigns=True)
 
     def _new_client(self) -> Any:
         opts = self.options

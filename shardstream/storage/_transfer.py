@@ -21,7 +21,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from shardstream.errors import StorageError, TransientStorageError
 
-from ._base import ObjectStore, check_size, finish_download, temp_path_for
+from ._base import ObjectStore, StoreCapabilities, check_size, finish_download, temp_path_for
 from ._concurrency import AdaptiveLimit
 from ._keys import check_key
 from ._options import StorageOptions
@@ -184,6 +184,14 @@ class RemoteStore(ObjectStore):
     def limit(self) -> AdaptiveLimit:
         """The process's adaptive request limit this store goes through."""
         return self._slots.get()
+
+    def _remote_capabilities(self, *, presigns: bool) -> StoreCapabilities:
+        """A network store's capabilities: its pool's size and its adaptive limit."""
+        return StoreCapabilities(
+            presigns=presigns,
+            max_connections=self.options.max_connections,
+            connection_limit=lambda: self.limit.limit,
+        )
 
     @abstractmethod
     def _get_range(self, key: str, start: int, end: int, etag: str | None) -> RangeBody:

@@ -28,6 +28,7 @@ def test_exported_names_change_only_on_purpose() -> None:
         "Resolver",
         "S3Store",
         "StorageOptions",
+        "StoreCapabilities",
         "check_key",
         "open_store",
         "storage_counters",
