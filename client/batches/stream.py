@@ -23,9 +23,10 @@ from shardstream.client.batches.decode import to_torch
 from shardstream.client.batches.image_decode import ImageDecoder
 from shardstream.client.batches.packed import Packer
 from shardstream.client.batches.sample_transform import SampleStage, SampleTransform
+from shardstream.client.batches.step_tokens import tokens_per_step
 from shardstream.client.distributed import Topology
 from shardstream.client.options import CacheOptions, PackOptions, PlanOptions
-from shardstream.client.plan import PLAN_ALGORITHM, PlanConfig, SourceSpec
+from shardstream.client.plan import PLAN_ALGORITHM, MixtureSchedule, PlanConfig, SourceSpec
 from shardstream.client.plan._defaults import adopt_saved, default_shape
 from shardstream.client.plan._fingerprint import plan_fingerprint
 from shardstream.client.plan._scheduled import AnyPlan, check_schedule, make_plan
@@ -115,6 +116,8 @@ class BatchStream:
         if plan.num_partitions is not None:  # the user's P: the plan's own window default
             parts, window = plan.num_partitions, None
         self.config = self._config(parts, plan.window or window)
+        self.schedule = self._schedule()
+        """The mixture schedule planned with (one in tokens knows the tokens of a step)."""
         self._shard_bytes = [info.raw_data.bytes for src in self.sources for info in src.shards]
         self._shard_samples = [info.samples for src in self.sources for info in src.shards]
         self._plan: AnyPlan | None = None
@@ -145,6 +148,18 @@ class BatchStream:
         config.check_world_size(self.topology.world_size)
         return config
 
+    def _schedule(self) -> MixtureSchedule | None:
+        """The options' schedule; one in tokens with the tokens a global step consumes (a
+        function of the global batch and the packing, never of the world size)."""
+        schedule = self.options.schedule
+        if schedule is None or not schedule.in_tokens:
+            return schedule
+        per_step = tokens_per_step(self.spec.encodings, self.packer, self.config.global_batch_size)
+        try:
+            return schedule.with_tokens_per_step(per_step)
+        except PlanError as exc:
+            raise ConfigError(f"PlanOptions.schedule: {exc}") from exc
+
     def accept(self, state: ReaderState, allow_changes: Iterable[str] = ()) -> ReaderState:
         """Check that ``state`` can resume this stream; adopt its partition count and window
         unless the user fixed them. :class:`ResumeError` names every difference that
@@ -159,6 +174,8 @@ class BatchStream:
             self.config, self._plan = config, None
         if self.packer is not None:
             self.packer.adopt(state.plan.get("pack"))
+            # The saved group may change a step's tokens: plan with the run's schedule.
+            self.schedule, self._plan, self._fingerprint = self._schedule(), None, None
         accepted = state.check_compatible(self.reader_state(0, 0), allow_changes)
         self.changes = accepted.changes
         return accepted
@@ -166,9 +183,7 @@ class BatchStream:
     def fingerprint(self) -> str:
         """:attr:`EpochPlan.fingerprint` of this stream's plans (the same for every epoch)."""
         if self._fingerprint is None or self._fingerprint[0] != self.config:
-            digest = plan_fingerprint(
-                PLAN_ALGORITHM, self.config, self._specs, self.options.schedule
-            )
+            digest = plan_fingerprint(PLAN_ALGORITHM, self.config, self._specs, self.schedule)
             self._fingerprint = (self.config, digest)
         return self._fingerprint[1]
 
@@ -204,8 +219,8 @@ class BatchStream:
         params["mixture"] = [
             [src.source.weight, src.source.repeat, src.source.samples] for src in self.sources
         ]
-        if self.options.schedule is not None:  # absent without one, like "pack"
-            params["schedule"] = self.options.schedule.to_params()
+        if self.schedule is not None:  # absent without one, like "pack"
+            params["schedule"] = self.schedule.to_params()
         if self.packer is not None:  # absent without packing: earlier states still match
             params["pack"] = self.packer.params()
         return params
@@ -213,7 +228,7 @@ class BatchStream:
     def plan(self, epoch: int) -> AnyPlan:
         """The (cached) plan of ``epoch`` (a scheduled one under a mixture schedule)."""
         if self._plan is None or self._plan.epoch != epoch:
-            self._plan = make_plan(self._specs, self.config, epoch, self.options.schedule)
+            self._plan = make_plan(self._specs, self.config, epoch, self.schedule)
         return self._plan
 
     def num_batches(self, epoch: int) -> int:

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from shardstream.client.plan import Phase
 from shardstream.server.data.mixture_history import MixturePlan
 
 MAX_EPOCHS = 10_000
@@ -41,11 +42,11 @@ class MixtureView:
     step: int
 
 
-def _phase_text(phase: Mapping[str, Any], start: int) -> str:
-    until = phase.get("until")
+def _phase_text(phase: Phase, start: int) -> str:
+    until = phase.until
     span = f"steps {start:,}-{until:,}" if until is not None else f"steps {start:,}-"
-    weights = ":".join(f"{w:g}" for w in phase["weights"])
-    ends = phase.get("end_weights")
+    weights = ":".join(f"{w:g}" for w in phase.weights)
+    ends = phase.end_weights
     if ends is not None:
         weights += " -> " + ":".join(f"{w:g}" for w in ends)
     return f"{span}: {weights}"
@@ -66,12 +67,10 @@ def mixture_view(
     totals = arithmetic.counts(0, step)
     weights_now = arithmetic.weights_at(step)  # for the run's next batch
     consumed = sum(totals)
-    schedule = arithmetic.schedule
     phases, start = [], 0
-    for phase in schedule.to_params():
+    for phase in arithmetic.schedule.phases:  # in steps (MixturePlan counts steps)
         phases.append(_phase_text(phase, start))
-        until = phase["until"]
-        start = until if isinstance(until, int) else start
+        start = phase.until if phase.until is not None else start
     return MixtureView(
         phases=phases,
         sources=[
