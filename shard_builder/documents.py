@@ -2,8 +2,9 @@
 
 A document build is a text build whose samples are whole documents instead of fixed-length
 sequences, for readers that pack at read time (``PackOptions``). It supplies only what
-differs, the encoder and the shard cut; the rest is :func:`~.text.run_text_build`'s one
-pipeline (inputs, fingerprint, journal and resume, sink, index, metadata):
+differs, the encoder and the shard cut (:class:`DocumentKind`); the rest is the text kind
+and the builder's one pipeline (:mod:`.pipeline`: inputs, fingerprint, journal and resume,
+sink, index, metadata):
 
 * workers read a chunk's records (:func:`~.text_source.read_records`) and tokenize them:
   each document's ids followed by EOS, one ``ndarray:<uint16|uint32>`` value (variable
@@ -19,32 +20,32 @@ pipeline (inputs, fingerprint, journal and resume, sink, index, metadata):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from shardstream.mds import make_encoder, write_shard
+from shardstream.mds import make_encoder
 from shardstream.shard_builder.config import MASK_COLUMN, TextBuildConfig
+from shardstream.shard_builder.document_layout import document_layout
 from shardstream.shard_builder.images import shard_header_bytes
-from shardstream.shard_builder.journal import shard_key
 from shardstream.shard_builder.packing import GreedyCut, StreamPosition
+from shardstream.shard_builder.pipeline import BuildRun
+from shardstream.shard_builder.text import TextKind
 from shardstream.shard_builder.text_source import TextChunk, read_records
 from shardstream.shard_builder.tokenize import TokenizerSpec
-from shardstream.shard_builder.workers import ordered_map
 
-if TYPE_CHECKING:
-    from shardstream.shard_builder.text import TextJob, TextTotals
-
-__all__ = ["ChunkDocuments", "DocumentTask", "document_columns", "produce_documents"]
+__all__ = [
+    "ChunkDocuments",
+    "DocumentKind",
+    "DocumentTask",
+    "document_columns",
+]
 
 
 def document_columns(config: TextBuildConfig, dtype: np.dtype[Any]) -> dict[str, str]:
     """The columns of a document build: tokens (variable length), and the loss mask."""
-    columns = {config.column: f"ndarray:{dtype.name}"}
-    if config.prompt_field is not None:
-        columns[MASK_COLUMN] = "ndarray:uint8"
-    return columns
+    return document_layout(config.column, dtype, masked=config.prompt_field is not None)
 
 
 @dataclass(frozen=True)
@@ -128,37 +129,32 @@ def _join_pairs(
     return out, mask
 
 
-def produce_documents(job: TextJob) -> TextTotals:
-    """Tokenize in worker processes (results in chunk order), write shards here."""
-    from shardstream.shard_builder.text import TextTotals, final_resume, too_little_input
+class DocumentKind(TextKind):
+    """A document build: the text kind with this encoder (one sample per document, shards
+    cut greedily by size). Journal records count documents: ``skip`` of the position is
+    the documents of its chunk already stored."""
 
-    config, start, shards, sink = job.config, job.start, job.shards, job.sink
-    column = config.column
-    encode = make_encoder(job.columns)
-    cut = GreedyCut(shard_header_bytes(job.columns, config), config.shard_size)  # type: ignore[arg-type]
-    pending: list[bytes] = []
-    documents, tokens = job.documents, start.tokens_before
+    def make_columns(self) -> dict[str, str]:
+        return document_columns(self.config, self.dtype)
 
-    def close(resume: dict[str, Any]) -> None:
-        position = len(shards)
-        info = write_shard(
-            sink.staging,
-            shard_key(position, config.spread_prefixes),
-            job.columns,
-            pending,
-            **config.shard_format(),
+    def open_encoder(self) -> None:
+        self._encode = make_encoder(self.columns)
+        self._cut = GreedyCut(shard_header_bytes(self.columns, self.config), self.config.shard_size)  # type: ignore[arg-type]
+        self._pending: list[bytes] = []
+
+    def task(self, number: int, unit: Any) -> Any:
+        config = self.config
+        fields = (
+            (config.field,) if config.prompt_field is None else (config.prompt_field, config.field)
         )
-        shards.append(info)
-        sink.stored(info, lambda: job.journal.record(position, info, resume))
-        pending.clear()
+        return DocumentTask(unit, fields, self.spec, self.dtype.name)
 
-    fields = (config.field,) if config.prompt_field is None else (config.prompt_field, config.field)
-    tasks = (
-        DocumentTask(chunk, fields, job.spec, job.dtype.name) for chunk in job.chunks[start.chunk :]
-    )
-    results = ordered_map(tokenize_documents, tasks, workers=config.workers)
-    for number, docs in enumerate(results, start=start.chunk):
-        skip = start.skip if number == start.chunk else 0
+    work = staticmethod(tokenize_documents)
+
+    def add(self, run: BuildRun, number: int, result: Any) -> tuple[int, int]:
+        docs: ChunkDocuments = result
+        column = self.config.column
+        skip = self.position.skip if number == self.position.chunk else 0
         ends = np.cumsum(docs.lengths).tolist()
         begin = 0 if skip == 0 else ends[skip - 1]
         written = 0
@@ -167,19 +163,23 @@ def produce_documents(job: TextJob) -> TextTotals:
             sample: dict[str, Any] = {column: docs.tokens[begin:end]}
             if docs.mask is not None:
                 sample[MASK_COLUMN] = docs.mask[begin:end]
-            data = encode(sample)
-            if cut.add(len(data)):
-                position = StreamPosition(number, doc, tokens)
-                close({"stream": position.to_dict(), "documents_before_chunk": documents})
-            pending.append(data)
-            tokens += end - begin
+            data = self._encode(sample)
+            if self._cut.add(len(data)):
+                position = StreamPosition(number, doc, self.tokens)
+                self._close(
+                    run, {"stream": position.to_dict(), "documents_before_chunk": self.documents}
+                )
+            self._pending.append(data)
+            self.tokens += end - begin
             written += end - begin
             begin = end
-        documents += docs.documents
-        new = docs.documents - skip
-        job.progress.advance(job.chunks[number].nbytes, new, written * job.dtype.itemsize)
-    if not shards and not pending:
-        raise too_little_input(config, job.source.names, documents, tokens)
-    if pending:
-        close(final_resume(job, tokens, documents, 0))
-    return TextTotals(tokens, documents, 0)
+        self.documents += docs.documents
+        return docs.documents - skip, written * self.dtype.itemsize
+
+    def finish(self, run: BuildRun) -> None:
+        if self._pending:
+            self._close(run, self.final_resume())
+
+    def _close(self, run: BuildRun, resume: dict[str, Any]) -> None:
+        run.store_samples(resume, self.columns, self._pending)
+        self._pending = []

@@ -10,12 +10,15 @@ The work split, chosen so the output never depends on scheduling:
    writes each with the codec's vectorized ``write_shard_arrays`` (no per-sample Python);
 4. after every stored shard the journal records where the stream stood, so a killed
    build resumes after its last finished shard without re-reading what came before.
+
+Steps 2 and 4 (and the rest: journal, progress, index) are the builder's one pipeline
+(:mod:`.pipeline`); this module supplies the text kind's source and encoder
+(:class:`TextKind`).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,22 +26,15 @@ import numpy as np
 import numpy.typing as npt
 
 from shardstream.errors import InputError
-from shardstream.mds import ShardInfo, samples_per_shard, write_shard_arrays
+from shardstream.mds import samples_per_shard
 from shardstream.shard_builder.config import TextBuildConfig, content_options
 from shardstream.shard_builder.inputs import lineage, resolve_inputs
-from shardstream.shard_builder.journal import BuildJournal, fingerprint, shard_key
+from shardstream.shard_builder.journal import fingerprint
 from shardstream.shard_builder.packing import StreamPosition, TokenPacker
-from shardstream.shard_builder.progress import BuildProgress
-from shardstream.shard_builder.result import (
-    BuildResult,
-    completed_result,
-    existing_result,
-    finish_build,
-)
-from shardstream.shard_builder.sink import ShardSink
+from shardstream.shard_builder.pipeline import BuildKind, BuildRun, run_build
+from shardstream.shard_builder.result import BuildResult
 from shardstream.shard_builder.text_source import TextChunk, plan_chunks, read_docs
 from shardstream.shard_builder.tokenize import TokenizerSpec, token_dtype
-from shardstream.shard_builder.workers import ordered_map
 
 TEXT_SUFFIXES = (".jsonl", ".json", ".ndjson", ".parquet", ".pq")
 BUILDER_VERSION = 1  # bump when the same inputs would give other bytes
@@ -92,43 +88,6 @@ def file_source(config: TextBuildConfig) -> TextSource:
     return TextSource(chunks, lineage(files), [str(f.path) for f in files])
 
 
-@dataclass
-class TextJob:
-    """The middle of a text build: what a producer of shards is given.
-
-    A producer (this process with worker processes, or the Ray builder) tokenizes
-    ``chunks[start.chunk:]``, cuts the stream with :class:`StreamCutter` rules into shards
-    continuing after ``shards`` (the finished ones), stores each, records it in ``journal``
-    in shard order, moves ``progress``, and returns the totals.
-    """
-
-    config: TextBuildConfig
-    source: TextSource
-    chunks: Sequence[Any]  # TextChunk (files), or what ``source`` holds
-    spec: TokenizerSpec
-    dtype: np.dtype[Any]
-    columns: dict[str, str]
-    samples_per_shard: int
-    sink: ShardSink
-    journal: BuildJournal
-    shards: list[ShardInfo]
-    start: StreamPosition
-    documents: int  # documents before ``start.chunk``
-    progress: BuildProgress
-
-
-@dataclass(frozen=True)
-class TextTotals:
-    """What a producer reports at the end: stream tokens, documents, tokens dropped."""
-
-    tokens: int
-    documents: int
-    dropped: int
-
-
-TextProducer = Callable[[TextJob], TextTotals]
-
-
 def build_text(config: TextBuildConfig) -> BuildResult:
     """Tokenize ``config.inputs`` into ``ndarray:<uint16|uint32>:<seq_len>`` shards (with
     ``config.documents``: one variable-length ``ndarray:<dtype>`` per document, see
@@ -143,166 +102,153 @@ def build_text(config: TextBuildConfig) -> BuildResult:
         result = build_text(TextBuildConfig(output="out", inputs=("data/*.jsonl",), seq_len=512))
         print(result.samples, result.dropped_tokens)
     """
+    return run_build(text_kind(config))
+
+
+def text_kind(config: TextBuildConfig, source: TextSource | None = None) -> TextKind:
+    """The kind of a text build: fixed-length sequences, or documents (``--documents``).
+    ``source`` is what is read (default: :func:`file_source`)."""
     if config.documents:
-        from shardstream.shard_builder.documents import produce_documents
+        from shardstream.shard_builder.documents import DocumentKind
 
-        return run_text_build(config, produce_documents)
-    return run_text_build(config, _produce_locally)
+        return DocumentKind(config, source)
+    return TextKind(config, source)
 
 
-def run_text_build(
-    config: TextBuildConfig, produce: TextProducer, source: TextSource | None = None
-) -> BuildResult:
-    """Everything of a text build but the tokenizing and shard writing, which ``produce`` does.
+class TextKind(BuildKind):
+    """A text build for :func:`~.pipeline.run_build`: its source is the chunks of the
+    inputs, its encoder tokenizes them and cuts fixed-length sequences
+    (:class:`~.packing.TokenPacker`), ``samples_per_shard`` a shard.
 
-    Planning, fingerprint, journal and resume, ``shardstream.json`` and ``index.json`` live
-    here once, so the local and the Ray builder write the same bytes and share journals.
-    ``source`` is what is read (default: :func:`file_source`).
+    Journal records count in chunks (so a resume must cut the input the same way): the
+    stream position after the shard, and the documents before that position's chunk. The
+    counters ``tokens``, ``documents`` and ``dropped`` end in ``shardstream.json``; the Ray
+    driver (:mod:`.cluster.text`) keeps them too.
     """
-    started = time.perf_counter()
-    source = source or file_source(config)
-    spec = TokenizerSpec(config.tokenizer, config.eos_token)
-    tokenizer = spec.load()
-    dtype = token_dtype(tokenizer.vocab_size)
-    if config.documents:
-        from shardstream.shard_builder.documents import document_columns
 
-        columns = document_columns(config, dtype)
-    else:
-        columns = {config.column: f"ndarray:{dtype.name}:{config.seq_len}"}
-    chunks = source.chunks
-    described = tokenizer.describe()
-    fp = fingerprint(
-        {
-            "builder": BUILDER_VERSION,
-            "options": content_options(config),
-            "lineage": source.lineage,
-            "tokenizer": {k: v for k, v in described.items() if k != "path"},
-        }
-    )
-    sink = ShardSink(config.output)
-    try:
-        if config.overwrite:
-            sink.check_empty(overwrite=True)
-        elif (done_result := existing_result(sink, fp)) is not None:
-            return done_result
-        # Journal positions count in chunks: a resume must cut the input the same way.
-        journal = BuildJournal(sink, fingerprint({"content": fp, "chunks": config.chunk_bytes}))
-        done = journal.start()
-        per_shard = (
-            0  # documents: shards are cut by size
-            if config.documents
-            else samples_per_shard(
-                columns, config.shard_size, compression=config.compression, hashes=config.hashes
-            )
+    desc = "build text"
+    config: TextBuildConfig
+
+    def __init__(self, config: TextBuildConfig, source: TextSource | None = None) -> None:
+        super().__init__(config)
+        self.source = source or file_source(config)
+        self.spec = TokenizerSpec(config.tokenizer, config.eos_token)
+        tokenizer = self.spec.load()
+        self.dtype = token_dtype(tokenizer.vocab_size)
+        self.eos_id, self.vocab_size = tokenizer.eos_id, tokenizer.vocab_size
+        self.described = tokenizer.describe()
+        self.columns = self.make_columns()
+        self._fingerprint = fingerprint(
+            {
+                "builder": BUILDER_VERSION,
+                "options": content_options(config),
+                "lineage": self.source.lineage,
+                "tokenizer": {k: v for k, v in self.described.items() if k != "path"},
+            }
         )
-        resume = done[-1].resume if done else {}
-        start = StreamPosition.from_dict(resume["stream"]) if done else StreamPosition(0, 0, 0)
-        progress = BuildProgress(
-            sum(c.nbytes for c in chunks), desc="build text", enabled=config.progress
-        )
-        job = TextJob(
-            config=config,
-            source=source,
-            chunks=chunks,
-            spec=spec,
-            dtype=dtype,
-            columns=columns,
-            samples_per_shard=per_shard,
-            sink=sink,
-            journal=journal,
-            shards=[d.info for d in done],
-            start=start,
-            documents=int(resume.get("documents_before_chunk", 0)),
-            progress=progress,
-        )
-        with progress:
-            progress.skip(sum(c.nbytes for c in chunks[: start.chunk]))
-            if resume.get("final"):
-                totals = TextTotals(start.tokens_before, resume["docs"], resume["dropped"])
-            else:
-                totals = produce(job)
-            sink.flush()
-        metadata: dict[str, Any] = {
-            "kind": "text",
-            "fingerprint": fp,
-            "columns": columns,
-            **({"layout": "documents"} if config.documents else {"seq_len": config.seq_len}),
-            "tokenizer": described,
-            "eos_id": tokenizer.eos_id,
-            "vocab_size": tokenizer.vocab_size,
-            "tokens": totals.tokens,
-            "documents": totals.documents,
-            "dropped_tokens": totals.dropped,
-            "config": content_options(config),
-            "lineage": source.lineage,
-        }
-        index = finish_build(sink, job.shards, metadata)
-        journal.clear()
-    except InputError:
-        sink.discard_partial()  # fixing the input changes it: nothing here can be reused
-        raise
-    finally:
-        sink.close()
-    return completed_result(
-        sink,
-        index,
-        metadata,
-        config=config,
-        reused_shards=len(done) + journal.reused_later,
-        started=started,
-    )
+        self.position = StreamPosition(0, 0, 0)  # where this run starts
+        self.tokens = self.documents = self.dropped = 0
 
+    def make_columns(self) -> dict[str, str]:
+        """The shards' columns."""
+        return {self.config.column: f"ndarray:{self.dtype.name}:{self.config.seq_len}"}
 
-def final_resume(job: TextJob, tokens: int, documents: int, dropped: int) -> dict[str, Any]:
-    """The journal record of the last shard: the end of the stream and the final counts."""
-    end = StreamPosition(len(job.chunks), 0, tokens)
-    return {"stream": end.to_dict(), "final": True, "dropped": dropped, "docs": documents}
+    @property
+    def fingerprint(self) -> str:
+        return self._fingerprint
 
+    @property
+    def journal_fingerprint(self) -> str:
+        return fingerprint({"content": self._fingerprint, "chunks": self.config.chunk_bytes})
 
-def _produce_locally(job: TextJob) -> TextTotals:
-    """Tokenize in worker processes (results in chunk order), write shards here."""
-    config, start, shards, sink = job.config, job.start, job.shards, job.sink
-    documents = job.documents
+    @property
+    def units(self) -> Sequence[Any]:
+        return self.source.chunks
 
-    def write(block: npt.NDArray[Any], info_resume: dict[str, Any]) -> None:
-        position = len(shards)
-        shards.append(
-            job.journal.take_or_store(
-                position,
-                info_resume,
-                lambda: write_shard_arrays(
-                    sink.staging,
-                    shard_key(position, config.spread_prefixes),
-                    job.columns,
-                    {config.column: block},
-                    **config.shard_format(),
-                ),
-            )
+    @property
+    def samples_per_shard(self) -> int:
+        """Sequences a shard holds."""
+        config = self.config
+        return samples_per_shard(
+            self.columns, config.shard_size, compression=config.compression, hashes=config.hashes
         )
 
-    packer = TokenPacker(config.seq_len, job.samples_per_shard, job.dtype, start)
-    tasks = (
-        ChunkTask(chunk, config.field, job.spec, job.dtype.name)
-        for chunk in job.chunks[start.chunk :]
-    )
-    results = ordered_map(tokenize_chunk, tasks, workers=config.workers)
-    reported, sample_bytes = 0, config.seq_len * job.dtype.itemsize
-    for number, chunk_tokens in enumerate(results, start=start.chunk):
-        for block, pos in packer.add(number, chunk_tokens.tokens):
-            write(block, {"stream": pos.to_dict(), "documents_before_chunk": documents})
-        documents += chunk_tokens.documents
+    def start(self, run: BuildRun) -> int:
+        resume = run.resume
+        self.position = StreamPosition.from_dict(resume["stream"]) if resume else self.position
+        self.documents = int(resume.get("documents_before_chunk", 0))
+        self.tokens = self.position.tokens_before
+        if run.final:
+            self.documents, self.dropped = resume["docs"], resume["dropped"]
+        self.open_encoder()
+        return self.position.chunk
+
+    def open_encoder(self) -> None:
+        """Start cutting at :attr:`position` (a local build)."""
+        config = self.config
+        self._packer = TokenPacker(
+            config.seq_len, self.samples_per_shard, self.dtype, self.position
+        )
+        self._reported = 0
+
+    # Typed as the pipeline's (Any): a document build swaps this encoder for its own.
+    def task(self, number: int, unit: Any) -> Any:
+        return ChunkTask(unit, self.config.field, self.spec, self.dtype.name)
+
+    @staticmethod
+    def work(task: Any) -> Any:
+        """A worker's step: :func:`tokenize_chunk`."""
+        return tokenize_chunk(task)
+
+    def add(self, run: BuildRun, number: int, result: Any) -> tuple[int, int]:
+        column = self.config.column
+        for block, pos in self._packer.add(number, result.tokens):
+            resume = {"stream": pos.to_dict(), "documents_before_chunk": self.documents}
+            run.store_arrays(resume, self.columns, {column: block})
+        self.documents += result.documents
         # Whole sequences so far: the rate users care about, before a shard ends.
-        sequences = (packer.tokens_seen - start.tokens_before) // config.seq_len
-        new, reported = sequences - reported, sequences
-        job.progress.advance(job.chunks[number].nbytes, new, new * sample_bytes)
-    last, dropped = packer.finish()
-    tokens = packer.tokens_seen
-    if not shards and not len(last):
-        raise too_little_input(config, job.source.names, documents, tokens)
-    if len(last):
-        write(last, final_resume(job, tokens, documents, dropped))
-    return TextTotals(tokens, documents, dropped)
+        seq_len = self.config.seq_len
+        sequences = (self._packer.tokens_seen - self.position.tokens_before) // seq_len
+        new, self._reported = sequences - self._reported, sequences
+        return new, new * seq_len * self.dtype.itemsize
+
+    def finish(self, run: BuildRun) -> None:
+        last, self.dropped = self._packer.finish()
+        self.tokens = self._packer.tokens_seen
+        if len(last):
+            run.store_arrays(self.final_resume(), self.columns, {self.config.column: last})
+
+    def final_resume(self) -> dict[str, Any]:
+        """The journal record of the last shard: the end of the stream and the final counts."""
+        end = StreamPosition(len(self.units), 0, self.tokens)
+        return {
+            "stream": end.to_dict(),
+            "final": True,
+            "dropped": self.dropped,
+            "docs": self.documents,
+        }
+
+    def empty_error(self) -> InputError:
+        return too_little_input(self.config, self.source.names, self.documents, self.tokens)
+
+    def metadata(self, run: BuildRun) -> dict[str, Any]:
+        layout = (
+            {"layout": "documents"} if self.config.documents else {"seq_len": self.config.seq_len}
+        )
+        return {
+            "kind": "text",
+            "fingerprint": self._fingerprint,
+            "columns": self.columns,
+            **layout,
+            "tokenizer": self.described,
+            "eos_id": self.eos_id,
+            "vocab_size": self.vocab_size,
+            "tokens": self.tokens,
+            "documents": self.documents,
+            "dropped_tokens": self.dropped,
+            "config": content_options(self.config),
+            "lineage": self.source.lineage,
+        }
 
 
 def too_little_input(

@@ -1,6 +1,7 @@
 """``build_images`` on a Ray cluster: the same shards, checked and written by the workers.
 
-As for text (see :mod:`.text`): actors check chunks of images and keep the encoded
+The image kind of the builder's one pipeline, its ordered workers on actors (:mod:`.driver`;
+as for text, see :mod:`.text`): actors check chunks of images and keep the encoded
 samples in their node's object store; the driver gets each chunk's sample sizes and bad
 images, in chunk order, packs them with the local builder's :class:`GreedyCut`, and has
 the actor holding most of a shard's samples write and upload it. The worker journals each
@@ -10,28 +11,20 @@ of the unbroken run and takes the later shards it finds recorded as they are.
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
-from shardstream.mds import ShardInfo
 from shardstream.shard_builder.cluster.connect import RayOptions, ray_session
 from shardstream.shard_builder.cluster.dataset import image_source, is_url, url_inputs
+from shardstream.shard_builder.cluster.driver import ActorDriver
 from shardstream.shard_builder.cluster.pool import WorkerPool, build_on_pool
 from shardstream.shard_builder.cluster.worker import ImageCount, SampleShard
 from shardstream.shard_builder.config import ImageBuildConfig
 from shardstream.shard_builder.image_source import PARQUET_SUFFIXES
-from shardstream.shard_builder.images import (
-    ImageJob,
-    bad_images_error,
-    run_image_build,
-    shard_header_bytes,
-    shard_state,
-)
+from shardstream.shard_builder.images import ImageKind, shard_header_bytes
 from shardstream.shard_builder.packing import GreedyCut
+from shardstream.shard_builder.pipeline import BuildRun
 from shardstream.shard_builder.result import BuildResult
-
-_MB = 1 << 20
 
 
 def build_images_on_ray(
@@ -62,126 +55,54 @@ def build_images_on_ray(
             source, encoding = image_source(ray_module, dataset, config, lineage)
             config = replace(config, image_format=encoding)  # type: ignore[arg-type]
 
-        return build_on_pool(
-            ray_module,
-            config,
-            options,
-            lambda produce: run_image_build(config, produce, source),
-            _drive,
-        )
+        return build_on_pool(ray_module, config, options, lambda: ImageKind(config, source), _drive)
 
 
-def _drive(job: ImageJob, pool: WorkerPool) -> None:
-    return _Run(job, pool).run()
+def _drive(kind: ImageKind, run: BuildRun, pool: WorkerPool) -> None:
+    _ImageDriver(kind, run, pool).drive()
 
 
-@dataclass
-class _Write:
-    position: int
-    ref: Any  # the worker's ShardInfo, or None: a shard a killed run stored (``info``)
-    info: ShardInfo | None = None
+class _ImageDriver(ActorDriver):
+    """Images on actors: they check chunks; the driver packs the sample sizes with the
+    local builder's :class:`GreedyCut`."""
 
+    def __init__(self, kind: ImageKind, run: BuildRun, pool: WorkerPool) -> None:
+        super().__init__(run, pool, len(kind.units))
+        self.kind = kind
+        self.cut = GreedyCut(shard_header_bytes(kind.columns, kind.config), kind.config.shard_size)
+        self.ranges: list[tuple[int, int, int]] = []  # the open shard: (unit, start, end)
 
-class _Run:
-    """One image build's driver loop."""
+    def call(self, number: int) -> tuple[str, tuple[Any, ...]]:
+        return "check_images", (self.kind.task(number, self.kind.units[number]),)
 
-    def __init__(self, job: ImageJob, pool: WorkerPool) -> None:
-        self.job = job
-        self.pool = pool
-        self.window = 2 * len(pool)
-        self.cut = GreedyCut(shard_header_bytes(job.columns, job.config), job.config.shard_size)
-        self.checking: dict[int, tuple[Any, Any, int]] = {}  # task -> sizes, samples, actor
-        self.samples: dict[int, tuple[Any, int]] = {}  # checked tasks a shard still needs
-        self.ranges: list[tuple[int, int, int]] = []  # the open shard: (task, start, end)
-        self.writes: deque[_Write] = deque()
-
-    def run(self) -> None:
-        tasks = self.job.tasks
-        next_submit = next_count = 0
-        while next_count < len(tasks):
-            while next_submit < len(tasks) and next_submit - next_count < self.window:
-                actor = self.pool.least_busy()
-                sizes, samples = self.pool.submit(
-                    actor, "check_images", tasks[next_submit], num_returns=2
-                )
-                self.checking[next_submit] = (sizes, samples, actor)
-                next_submit += 1
-            if len(self.writes) >= self.window:
-                self._wait_head()
-                continue
-            sizes_ref = self.checking[next_count][0]
-            heads = [sizes_ref] + [w.ref for w in list(self.writes)[:1] if w.ref is not None]
-            ready = self.pool.wait_any(heads)
-            self._record_stored(ready)
-            if sizes_ref in ready:
-                self._count(next_count)
-                next_count += 1
-        self._close(self.job.end_item, final=True)
-        while self.writes:
-            self._wait_head()
-
-    def _count(self, task: int) -> None:
-        sizes_ref, samples_ref, actor = self.checking.pop(task)
-        counted: ImageCount = self.pool.get(sizes_ref)
-        if counted.bad and self.job.config.on_bad_image == "fail":
-            raise bad_images_error([b for _, b in counted.bad])
-        self.job.skipped.extend(counted.bad)
-        self.samples[task] = (samples_ref, actor)
-        for i, (number, size) in enumerate(zip(counted.numbers, counted.sizes, strict=True)):
+    def counted(self, number: int, count: ImageCount) -> None:
+        self.kind.take_bad(count.bad)
+        for i, (item, size) in enumerate(zip(count.numbers, count.sizes, strict=True)):
             if self.cut.add(size):
-                self._close(number)
-            if self.ranges and self.ranges[-1][0] == task:
-                self.ranges[-1] = (task, self.ranges[-1][1], i + 1)
+                self._close(item)
+            if self.ranges and self.ranges[-1][0] == number:
+                self.ranges[-1] = (number, self.ranges[-1][1], i + 1)
             else:
-                self.ranges.append((task, i, i + 1))
-        needed = {t for t, _, _ in self.ranges}
-        for done in [t for t in self.samples if t not in needed]:
-            del self.samples[done]  # every sample of it is in a shard: Ray frees them
-        self.job.progress.advance(
-            self.job.tasks[task].chunk.nbytes,
-            len(counted.sizes),
-            sum(counted.sizes),
-            bad_images=len(counted.bad),
+                self.ranges.append((number, i, i + 1))
+        needed = {unit for unit, _, _ in self.ranges}
+        self.release(needed.__contains__)  # every sample of the others is in a shard
+        self.run.progress.advance(
+            self.kind.units[number].nbytes,
+            len(count.sizes),
+            sum(count.sizes),
+            bad_images=len(count.bad),
         )
+
+    def finish(self) -> None:
+        self._close(self.kind.end_item, final=True)
 
     def _close(self, next_item: int, *, final: bool = False) -> None:
         """Have the open shard written; ``next_item`` is where a resume would start."""
         if not self.ranges:
             return
-        position = len(self.job.shards) + len(self.writes)
-        state = shard_state(self.job.skipped, next_item, final=final)
-        if (stored := self.job.journal.reusable(position, state)) is not None:
-            self.writes.append(_Write(position, None, stored))  # a killed run stored it
-            self.ranges = []
-            return
-        held: dict[int, int] = {}
-        for task, start, end in self.ranges:
-            owner = self.samples[task][1]
-            held[owner] = held.get(owner, 0) + end - start
+        state = self.kind.state(next_item, final=final)
+        shares = {unit: end - start for unit, start, end in self.ranges}
         ranges = tuple((start, end) for _, start, end in self.ranges)
-        ref = self.pool.submit(
-            max(held, key=held.__getitem__),
-            "write_samples",
-            SampleShard(position, ranges, self.job.columns, state),
-            *(self.samples[task][0] for task, _, _ in self.ranges),
-        )
-        self.writes.append(_Write(position, ref))
+        shard = SampleShard(self.next_position, ranges, self.kind.columns, state)
+        self.write(state, shares, "write_samples", shard)
         self.ranges = []
-
-    def _wait_head(self) -> None:
-        """Wait for the shard at the head of the queue, then take what is stored."""
-        head = self.writes[0].ref
-        self._record_stored(set() if head is None else self.pool.wait_any([head]))
-
-    def _record_stored(self, ready: set[Any]) -> None:
-        """Take the stored (and journaled) shards at the head of the queue, in shard order."""
-        while self.writes and (
-            self.writes[0].ref is None
-            or self.writes[0].ref in ready
-            or self.pool.wait_any([self.writes[0].ref], timeout=0)
-        ):
-            write = self.writes.popleft()
-            info = write.info if write.ref is None else self.pool.get(write.ref)
-            assert info is not None and write.position == len(self.job.shards)
-            self.job.shards.append(info)
-            self.job.progress.count(shards=1, MB_written=info.stored.bytes / _MB)

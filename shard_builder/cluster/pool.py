@@ -20,6 +20,7 @@ from shardstream.errors import ConfigError, ShardstreamError
 from shardstream.shard_builder.cluster.connect import RayOptions, worker_env
 from shardstream.shard_builder.cluster.worker import BuildWorker
 from shardstream.shard_builder.config import OutputOptions
+from shardstream.shard_builder.pipeline import BuildKind, BuildRun, run_build
 from shardstream.shard_builder.result import BuildResult, WorkerStats
 
 log = logging.getLogger(__name__)
@@ -32,39 +33,37 @@ class WorkerLostError(ShardstreamError):
     """A worker actor, its node or an object it held was lost: a re-run resumes."""
 
 
-J = TypeVar("J")
-T = TypeVar("T")
+K = TypeVar("K", bound=BuildKind)
 
 
 def build_on_pool(
     ray: Any,
     config: OutputOptions,
     options: RayOptions,
-    run_build: Callable[[Callable[[J], T]], BuildResult],
-    drive: Callable[[J, WorkerPool], T],
+    make_kind: Callable[[], K],
+    drive: Callable[[K, BuildRun, WorkerPool], None],
 ) -> BuildResult:
-    """``run_build(produce)``: the local builder's planning, journal and index around
-    ``produce``, which makes the shards with ``drive`` on a pool of worker actors. While
-    workers are lost it runs again from the journal (which holds every shard stored so
-    far) up to ``options.retries`` times. The result carries each actor's numbers and the
-    pool's start-up time (``workers_start_s``)."""
+    """:func:`~shardstream.shard_builder.pipeline.run_build` of ``make_kind()``, whose
+    shards ``drive`` makes on a pool of worker actors. While workers are lost it runs again
+    from the journal (which holds every shard stored so far; a fresh kind each attempt) up
+    to ``options.retries`` times. The result carries each actor's numbers and the pool's
+    start-up time (``workers_start_s``)."""
     stats: list[WorkerStats] = []
     timings: dict[str, float] = {}
     nodes: set[str] = set()  # the nodes the attempt's workers ran on
 
-    def produce(job: J) -> T:
+    def produce(kind: K, run: BuildRun) -> None:
         started = time.perf_counter()
         with worker_pool(ray, config, options) as pool:
             nodes.update(pool.nodes)
             timings["workers_start_s"] = time.perf_counter() - started
-            out = drive(job, pool)
+            drive(kind, run, pool)
             stats.extend(pool.stats())
-            return out
 
     for attempt in range(options.retries + 1):
         stats.clear()
         try:
-            result = run_build(produce)
+            result = run_build(make_kind(), produce)
             break
         except WorkerLostError as exc:
             if attempt == options.retries:

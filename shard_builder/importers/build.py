@@ -16,11 +16,11 @@ import resumes after its last finished shard, from the part that holds that reco
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,21 +29,14 @@ from shardstream.errors import ConfigError, InputError
 from shardstream.mds import ShardInfo, shard_config, write_samples
 from shardstream.shard_builder.config import OutputOptions, _as_tuple, content_options
 from shardstream.shard_builder.importers.formats import FORMATS, get_format
+from shardstream.shard_builder.importers.hf_documents import HfOption
 from shardstream.shard_builder.importers.litdata import DOCUMENTS
 from shardstream.shard_builder.importers.source import PART_BYTES, SourceUnit
 from shardstream.shard_builder.importers.spool import SPOOL_DIR, clear_spool, spool_folder
 from shardstream.shard_builder.importers.unit import EncodedUnit, UnitTask, encode_unit, schema_of
-from shardstream.shard_builder.journal import BuildJournal, fingerprint, shard_key
-from shardstream.shard_builder.progress import BuildProgress
-from shardstream.shard_builder.result import (
-    BadInput,
-    BuildResult,
-    completed_result,
-    existing_result,
-    finish_build,
-)
-from shardstream.shard_builder.sink import ShardSink
-from shardstream.shard_builder.workers import ordered_map
+from shardstream.shard_builder.journal import fingerprint, shard_key
+from shardstream.shard_builder.pipeline import BuildKind, BuildRun, run_build
+from shardstream.shard_builder.result import BadInput, BuildResult
 
 IMPORTER_VERSION = 1
 _SHARD_OVERHEAD = 4096  # header + config JSON, an upper bound
@@ -60,6 +53,9 @@ class ImportConfig(OutputOptions):
     files (LMDB, LitData, TFRecord); it changes no output byte. ``keep_key`` keeps each
     WebDataset sample's key as the str column ``__key__``. ``split`` chooses the split of
     a Hugging Face DatasetDict folder (``""``: ``train``, said in the result's summary).
+    ``documents`` keeps each document of a LitData token folder or each ``input_ids`` row
+    of a Hugging Face dataset as one variable-length sample (ids of Hugging Face rows
+    checked below ``vocab_size``, which also makes them uint16 when it is <= 65,536).
 
     Example::
 
@@ -75,6 +71,7 @@ class ImportConfig(OutputOptions):
     split: str = ""
     seq_len: int | None = None
     documents: bool = False
+    vocab_size: int | None = None
     keep_key: bool = True
     part_bytes: int = PART_BYTES
 
@@ -98,11 +95,16 @@ class ImportConfig(OutputOptions):
             )
         if self.seq_len is not None and (self.format != "litdata" or self.seq_len < 1):
             raise ConfigError("seq-len applies to litdata token imports and must be >= 1")
-        if self.documents and (self.format != "litdata" or self.seq_len is not None):
+        if self.documents and (self.format not in ("litdata", "hf") or self.seq_len is not None):
             raise ConfigError(
-                "documents applies to litdata token imports, without seq-len (each item "
-                "stays one document, as `build text --documents` writes them)"
+                "documents applies to litdata token imports, without seq-len, and to hf "
+                "imports of input_ids (each item or row stays one document, as `build text "
+                "--documents` writes them)"
             )
+        if self.vocab_size is not None and (
+            not self.documents or self.format != "hf" or self.vocab_size < 1
+        ):
+            raise ConfigError("vocab-size applies to hf --documents imports and must be >= 1")
         if self.value_format != "raw" and self.format != "lmdb":
             raise ConfigError("value-format applies to lmdb imports only")
         if self.part_bytes < 1:
@@ -135,16 +137,14 @@ class _Packer:
 
     def __init__(
         self,
-        sink: ShardSink,
+        run: BuildRun,
         *,
-        journal: BuildJournal,
         config: ImportConfig,
         columns: dict[str, str],
-        done: list[ShardInfo],
         skipped: list[BadInput],
     ) -> None:
-        self.shards, self.skipped = done, skipped
-        self._sink, self._journal, self._config = sink, journal, config
+        self.skipped = skipped
+        self._run, self._config = run, config
         self._template = shard_config(
             columns,
             compression=config.compression,
@@ -200,7 +200,7 @@ class _Packer:
             return
         while len(self._pending) >= self._writers:
             self._hand_over()  # the oldest shard in flight
-        position, cfg = len(self.shards) + len(self._pending), self._config
+        position, cfg = len(self._run.shards) + len(self._pending), self._config
         before = [b for number, b in unit_bad if number < next_position[1]]
         state = {
             "next": list(next_position),
@@ -209,7 +209,7 @@ class _Packer:
         }
         written = self._writer.submit(
             write_samples,
-            self._sink.staging,
+            self._run.sink.staging,
             shard_key(position, cfg.spread_prefixes),
             self._template,
             np.concatenate(self._sizes),
@@ -229,9 +229,7 @@ class _Packer:
 
     def _hand_over(self) -> None:
         written, position, state = self._pending.popleft()
-        info = written.result()
-        self.shards.append(info)
-        self._sink.stored(info, lambda: self._journal.record(position, info, state))
+        self._run.hand_over(position, written.result(), state)
 
     def close(self) -> None:
         """Stop the writer threads (after the shards in flight, whose errors are dropped:
@@ -246,100 +244,127 @@ def build_import(config: ImportConfig) -> BuildResult:
     Raises :class:`InputError` for unreadable input (naming the file and record) and,
     without ``skip_bad``, for a sample whose columns differ from the first sample's.
     """
-    started = time.perf_counter()
-    fmt = get_format(config.format)
-    option = {
-        "lmdb": config.value_format,
-        "litdata": DOCUMENTS if config.documents else str(config.seq_len or ""),
-        "webdataset": "key" if config.keep_key else "",
-    }.get(config.format, config.split)
-    files = [replace(u, option=option) for u in fmt.plan(config.inputs, option)]
-    if not files:
-        raise InputError(f"import {config.format}: no input files in {', '.join(config.inputs)}")
-    lineage = [u.lineage() for u in files]
-    options = content_options(config)
-    del options["part_bytes"]  # how the work is cut: no output byte and no position depends on it
-    if config.format != "webdataset":
-        del options["keep_key"]  # only WebDataset samples have keys that are not columns
-    fp = fingerprint({"importer": IMPORTER_VERSION, "options": options, "lineage": lineage})
-    sink = ShardSink(config.output)
-    packer: _Packer | None = None
-    try:
-        if config.overwrite:
-            sink.check_empty(overwrite=True)
-        elif (done_result := existing_result(sink, fp)) is not None:
-            return done_result
-        # (file number, part) in input order
-        units = [
-            (i, part)
-            for i, f in enumerate(files)
-            for part in (fmt.split(f, config.part_bytes) if fmt.split else [f])
-        ]
-        # From the first part, not the whole file (a TFRecord part is read in one piece).
-        columns = _infer_columns(config.format, [u for _, u in units])
-        journal = BuildJournal(sink, fp)
-        finished = journal.start()
-        resume = finished[-1].resume if finished else {}
-        skipped = [BadInput(**b) for b in resume.get("skipped", [])]
-        start_unit, skip = _start(units, resume.get("next", [0, 0]))
-        packer = _Packer(
-            sink,
-            journal=journal,
-            config=config,
-            columns=dict(columns),
-            done=[d.info for d in finished],
-            skipped=skipped,
+    return run_build(ImportKind(config))
+
+
+class ImportKind(BuildKind):
+    """An import for :func:`~shardstream.shard_builder.pipeline.run_build`: its source is
+    the format's files cut into parts (the units), its encoder checks every sample
+    against the schema and packs the samples into shards (:class:`_Packer`).
+
+    Journal records hold the (file, record) where the next shard starts and the samples
+    skipped before it.
+    """
+
+    config: ImportConfig
+
+    def __init__(self, config: ImportConfig) -> None:
+        super().__init__(config)
+        self.desc = f"import {config.format}"
+        self._format = fmt = get_format(config.format)
+        option = {
+            "lmdb": config.value_format,
+            "litdata": DOCUMENTS if config.documents else str(config.seq_len or ""),
+            "webdataset": "key" if config.keep_key else "",
+            "hf": HfOption(config.split, config.documents, config.vocab_size).encode(),
+        }.get(config.format, config.split)
+        self.files = [replace(u, option=option) for u in fmt.plan(config.inputs, option)]
+        if not self.files:
+            raise InputError(
+                f"import {config.format}: no input files in {', '.join(config.inputs)}"
+            )
+        self.lineage = [u.lineage() for u in self.files]
+        self.options = content_options(config)
+        del self.options["part_bytes"]  # how the work is cut: no output byte depends on it
+        if self.options["vocab_size"] is None:
+            del self.options["vocab_size"]  # the same for imports made before the option
+        if config.format != "webdataset":
+            del self.options["keep_key"]  # only WebDataset samples have keys that are not columns
+        self._fingerprint = fingerprint(
+            {"importer": IMPORTER_VERSION, "options": self.options, "lineage": self.lineage}
         )
-        total = sum(u.nbytes for _, u in units)
-        with BuildProgress(total, desc=f"import {config.format}", enabled=config.progress) as bar:
-            if not resume.get("final"):
-                bar.skip(sum(u.nbytes for _, u in units[:start_unit]))
-                spool = str(spool_folder(sink.staging)) if config.workers > 1 else ""
-                tasks = [
-                    UnitTask(config.format, u, skip if i == start_unit else 0, columns, spool)
-                    for i, (_, u) in enumerate(units)
-                    if i >= start_unit
-                ]
-                results = ordered_map(encode_unit, tasks, workers=config.workers)
-                for (file, unit), done in zip(units[start_unit:], results, strict=True):
-                    if done.bad and not config.skip_bad:
-                        raise _bad_error([b for _, b in done.bad])
-                    packer.add_unit(file, unit, done)
-                    bar.advance(unit.nbytes, len(done.sizes), int(done.sizes.sum()))
-                packer.close_shard((len(files), 0), final=True)
-                packer.finish()
-            if not packer.shards:
-                raise InputError(f"no importable samples ({len(skipped)} skipped)")
-            sink.flush()
-        samples = sum(s.samples for s in packer.shards)
-        metadata: dict[str, Any] = {
+        self._parts: list[tuple[int, SourceUnit]] | None = None  # (file number, part)
+        self.columns: tuple[tuple[str, str], ...] = ()
+        self.skipped: list[BadInput] = []
+        self._packer: _Packer | None = None
+        self._staging: Path | None = None
+        self._spool: str | None = None
+
+    @property
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    @property
+    def units(self) -> Sequence[SourceUnit]:
+        if self._parts is None:
+            fmt, part_bytes = self._format, self.config.part_bytes
+            self._parts = [
+                (i, part)
+                for i, f in enumerate(self.files)
+                for part in (fmt.split(f, part_bytes) if fmt.split else [f])
+            ]
+            # From the first part, not the whole file (a TFRecord part is read in one piece).
+            self.columns = _infer_columns(self.config.format, [u for _, u in self._parts])
+            self._units = [u for _, u in self._parts]
+        return self._units
+
+    def start(self, run: BuildRun) -> int:
+        assert self._parts is not None
+        self.skipped = [BadInput(**b) for b in run.resume.get("skipped", [])]
+        self._first, self._skip = _start(self._parts, run.resume.get("next", [0, 0]))
+        self._staging = run.sink.staging
+        self._packer = _Packer(
+            run, config=self.config, columns=dict(self.columns), skipped=self.skipped
+        )
+        return self._first
+
+    def task(self, number: int, unit: SourceUnit) -> UnitTask:
+        if self._spool is None:
+            workers = self.config.workers
+            self._spool = str(spool_folder(self._staging)) if workers > 1 and self._staging else ""
+        skip = self._skip if number == self._first else 0
+        return UnitTask(self.config.format, unit, skip, self.columns, self._spool)
+
+    work = staticmethod(encode_unit)
+
+    def add(self, run: BuildRun, number: int, result: EncodedUnit) -> tuple[int, int]:
+        assert self._parts is not None and self._packer is not None
+        if result.bad and not self.config.skip_bad:
+            raise _bad_error([b for _, b in result.bad])
+        file, unit = self._parts[number]
+        self._packer.add_unit(file, unit, result)
+        return len(result.sizes), int(result.sizes.sum())
+
+    def finish(self, run: BuildRun) -> None:
+        assert self._packer is not None
+        self._packer.close_shard((len(self.files), 0), final=True)
+        self._packer.finish()
+
+    def empty_error(self) -> InputError:
+        return InputError(f"no importable samples ({len(self.skipped)} skipped)")
+
+    def metadata(self, run: BuildRun) -> dict[str, Any]:
+        samples = sum(s.samples for s in run.shards)
+        describe = self._format.describe
+        return {
             "kind": "import",
-            "format": config.format,
-            "fingerprint": fp,
-            "columns": dict(columns),
-            **({"layout": "documents"} if config.documents else {}),
+            "format": self.config.format,
+            "fingerprint": self._fingerprint,
+            "columns": dict(self.columns),
+            **({"layout": "documents"} if self.config.documents else {}),
             "samples": samples,
-            "records_in": samples + len(skipped),
-            "skipped": [asdict(b) for b in skipped],
-            "config": options,
-            "lineage": lineage,
-            **(fmt.describe(files) if fmt.describe else {}),
+            "records_in": samples + len(self.skipped),
+            "skipped": [asdict(b) for b in self.skipped],
+            "config": self.options,
+            "lineage": self.lineage,
+            **(describe(self.files) if describe else {}),
         }
-        index = finish_build(sink, packer.shards, metadata)
-        journal.clear()
-    except InputError:
-        if packer is not None:
-            packer.close()  # no shard write in flight while the partial output goes
-        sink.discard_partial()
-        raise
-    finally:
-        if packer is not None:
-            packer.close()
-        clear_spool(sink.staging / SPOOL_DIR)
-        sink.close()
-    return completed_result(
-        sink, index, metadata, config=config, reused_shards=len(finished), started=started
-    )
+
+    def close(self) -> None:
+        if self._packer is not None:
+            self._packer.close()  # no shard write in flight while a partial output goes
+        if self._staging is not None:
+            clear_spool(self._staging / SPOOL_DIR)
 
 
 def writer_threads(workers: int) -> int:

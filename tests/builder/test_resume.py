@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 
 from shardstream.shard_builder import ImageBuildConfig, TextBuildConfig, build_images, build_text
-from shardstream.shard_builder.images import ImageJob, run_image_build
-from shardstream.shard_builder.images import _produce_locally as _produce_images_locally
-from shardstream.shard_builder.text import TextJob, TextTotals, run_text_build
-from shardstream.shard_builder.text import _produce_locally as _produce_text_locally
+from shardstream.shard_builder.images import ImageKind
+from shardstream.shard_builder.pipeline import BuildKind, BuildRun, produce_locally, run_build
+from shardstream.shard_builder.text import TextKind
 from shardstream.storage import open_store
 from tests.builder.conftest import dir_bytes, jpeg_bytes, make_docs, read_with_ours, write_jsonl
 from tests.fixtures.s3 import S3Bucket
@@ -187,6 +186,11 @@ def _left_behind_by_a_cluster(run: Callable[[], object], out: Path, gap: range) 
     return [p.name for p in shards[gap.stop :]]
 
 
+def _killed_after_every_shard(kind: BuildKind, run: BuildRun) -> None:
+    produce_locally(kind, run)
+    raise _DriverKilled
+
+
 def _files(out: Path, names: list[str]) -> dict[str, tuple[int, int]]:
     return {n: ((out / n).stat().st_ino, (out / n).stat().st_mtime_ns) for n in names}
 
@@ -207,12 +211,8 @@ def test_local_rerun_takes_a_cluster_builds_shards_past_the_journals_gap(
             workers=1, progress=False,
         )  # fmt: skip
 
-    def killed_after_every_shard(job: TextJob) -> TextTotals:
-        _produce_text_locally(job)
-        raise _DriverKilled
-
     later = _left_behind_by_a_cluster(
-        lambda: run_text_build(config(out), killed_after_every_shard), out, range(2, 4)
+        lambda: run_build(TextKind(config(out)), _killed_after_every_shard), out, range(2, 4)
     )
     before = _files(out, later)
 
@@ -239,12 +239,8 @@ def test_local_image_rerun_takes_a_cluster_builds_shards_past_the_journals_gap(
             allow_small_shards=True, workers=1, progress=False,
         )  # fmt: skip
 
-    def killed_after_every_shard(job: ImageJob) -> None:
-        _produce_images_locally(job)
-        raise _DriverKilled
-
     later = _left_behind_by_a_cluster(
-        lambda: run_image_build(config(out), killed_after_every_shard), out, range(1, 2)
+        lambda: run_build(ImageKind(config(out)), _killed_after_every_shard), out, range(1, 2)
     )
     before = _files(out, later)
 
