@@ -87,10 +87,12 @@ class PlanOptions:
     per partition (``None``: that default). ``epoch_size`` is the
     number of samples per epoch over all sources; the weighted ones share what the
     ``repeat``/``samples`` sources leave (``None``: the weighted sources' own total).
-    ``schedule`` makes the sources' weights a function of the global step
-    (:class:`~shardstream.client.plan.MixtureSchedule`, one weight per source and phase;
-    the sources then set no weight, repeat or samples of their own); see
-    docs/training.md "Mixture schedules".
+    ``schedule`` makes the sources' weights a function of the global step or of the
+    tokens consumed (:class:`~shardstream.client.plan.MixtureSchedule`, one weight per
+    source and phase; the sources then set no weight, repeat or samples of their own;
+    phases in tokens need a fixed number of tokens a step: packing with fixed ``rows``, or
+    fixed-length token rows); see docs/training.md "Mixture schedules" and docs/plan.md
+    "Phases in tokens".
     """
 
     shuffle: bool = True

@@ -64,7 +64,7 @@ class DataSettings:
     # with packing every step's packed rows are logged too (records.rows_log_path).
     more_sources: list[str] = field(default_factory=list)
     epoch_size: int | None = None
-    schedule: list[dict[str, object]] | None = None
+    schedule: list[dict[str, object]] | dict[str, object] | None = None
     pack: dict[str, object] | None = None
 
 
