@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from shardstream.mds import make_encoder
 from shardstream.shard_builder.config import MASK_COLUMN, TextBuildConfig
+from shardstream.shard_builder.document_layout import document_layout
 from shardstream.shard_builder.images import shard_header_bytes
 from shardstream.shard_builder.packing import GreedyCut, StreamPosition
 from shardstream.shard_builder.pipeline import BuildRun
@@ -44,10 +45,7 @@ __all__ = [
 
 def document_columns(config: TextBuildConfig, dtype: np.dtype[Any]) -> dict[str, str]:
     """The columns of a document build: tokens (variable length), and the loss mask."""
-    columns = {config.column: f"ndarray:{dtype.name}"}
-    if config.prompt_field is not None:
-        columns[MASK_COLUMN] = "ndarray:uint8"
-    return columns
+    return document_layout(config.column, dtype, masked=config.prompt_field is not None)
 
 
 @dataclass(frozen=True)

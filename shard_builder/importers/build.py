@@ -29,6 +29,7 @@ from shardstream.errors import ConfigError, InputError
 from shardstream.mds import ShardInfo, shard_config, write_samples
 from shardstream.shard_builder.config import OutputOptions, _as_tuple, content_options
 from shardstream.shard_builder.importers.formats import FORMATS, get_format
+from shardstream.shard_builder.importers.hf_documents import HfOption
 from shardstream.shard_builder.importers.litdata import DOCUMENTS
 from shardstream.shard_builder.importers.source import PART_BYTES, SourceUnit
 from shardstream.shard_builder.importers.spool import SPOOL_DIR, clear_spool, spool_folder
@@ -52,6 +53,9 @@ class ImportConfig(OutputOptions):
     files (LMDB, LitData, TFRecord); it changes no output byte. ``keep_key`` keeps each
     WebDataset sample's key as the str column ``__key__``. ``split`` chooses the split of
     a Hugging Face DatasetDict folder (``""``: ``train``, said in the result's summary).
+    ``documents`` keeps each document of a LitData token folder or each ``input_ids`` row
+    of a Hugging Face dataset as one variable-length sample (ids of Hugging Face rows
+    checked below ``vocab_size``, which also makes them uint16 when it is <= 65,536).
 
     Example::
 
@@ -67,6 +71,7 @@ class ImportConfig(OutputOptions):
     split: str = ""
     seq_len: int | None = None
     documents: bool = False
+    vocab_size: int | None = None
     keep_key: bool = True
     part_bytes: int = PART_BYTES
 
@@ -90,11 +95,16 @@ class ImportConfig(OutputOptions):
             )
         if self.seq_len is not None and (self.format != "litdata" or self.seq_len < 1):
             raise ConfigError("seq-len applies to litdata token imports and must be >= 1")
-        if self.documents and (self.format != "litdata" or self.seq_len is not None):
+        if self.documents and (self.format not in ("litdata", "hf") or self.seq_len is not None):
             raise ConfigError(
-                "documents applies to litdata token imports, without seq-len (each item "
-                "stays one document, as `build text --documents` writes them)"
+                "documents applies to litdata token imports, without seq-len, and to hf "
+                "imports of input_ids (each item or row stays one document, as `build text "
+                "--documents` writes them)"
             )
+        if self.vocab_size is not None and (
+            not self.documents or self.format != "hf" or self.vocab_size < 1
+        ):
+            raise ConfigError("vocab-size applies to hf --documents imports and must be >= 1")
         if self.value_format != "raw" and self.format != "lmdb":
             raise ConfigError("value-format applies to lmdb imports only")
         if self.part_bytes < 1:
@@ -256,6 +266,7 @@ class ImportKind(BuildKind):
             "lmdb": config.value_format,
             "litdata": DOCUMENTS if config.documents else str(config.seq_len or ""),
             "webdataset": "key" if config.keep_key else "",
+            "hf": HfOption(config.split, config.documents, config.vocab_size).encode(),
         }.get(config.format, config.split)
         self.files = [replace(u, option=option) for u in fmt.plan(config.inputs, option)]
         if not self.files:
@@ -265,6 +276,8 @@ class ImportKind(BuildKind):
         self.lineage = [u.lineage() for u in self.files]
         self.options = content_options(config)
         del self.options["part_bytes"]  # how the work is cut: no output byte depends on it
+        if self.options["vocab_size"] is None:
+            del self.options["vocab_size"]  # the same for imports made before the option
         if config.format != "webdataset":
             del self.options["keep_key"]  # only WebDataset samples have keys that are not columns
         self._fingerprint = fingerprint(

@@ -66,7 +66,16 @@ def register(subparsers: Any) -> None:
         "--documents",
         action="store_true",
         help="litdata token datasets: keep each item (a document's tokens) as one sample of "
-        "variable length, the layout `build text --documents` writes, packed at read time",
+        "variable length; hf: each row's input_ids (loss_mask or labels, attention_mask "
+        "padding left out) as one document; the layout `build text --documents` writes, "
+        "packed at read time",
+    )
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="hf --documents: ids must be below it (uint16 storage when <= 65536; "
+        "default: any uint32 id)",
     )
     _add_output_options(parser)
     parser.set_defaults(handler=_run_import)
@@ -94,6 +103,7 @@ def _run_import(args: argparse.Namespace) -> int:
             split=args.split,
             seq_len=args.seq_len,
             documents=args.documents,
+            vocab_size=args.vocab_size,
             keep_key=args.keep_key,
             **_output_options(args, output),
         )

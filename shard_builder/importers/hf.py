@@ -7,7 +7,8 @@ encoded image bytes (``jpeg``/``png`` when every value is one, else ``bytes``),
 ``ClassLabel`` -> int (names kept in the dataset metadata as ``label_names``), a list of
 ints/floats -> ndarray, string -> str, int -> int, float -> float64, bool -> int,
 anything else -> json. Loading by Hub name is not supported: save the dataset to disk
-first (``datasets.load_dataset(...).save_to_disk(path)``).
+first (``datasets.load_dataset(...).save_to_disk(path)``). With ``--documents`` each row's
+``input_ids`` becomes one document instead, in the documents layout (:mod:`.hf_documents`).
 
 Record batches are read as columns where every value of a column maps to one plain
 encoding (strings, binaries, ints, bools, floats, without nulls): binaries and strings as
@@ -32,6 +33,7 @@ import numpy as np
 
 from shardstream.errors import InputError
 from shardstream.shard_builder.importers.arrow_buffers import binary_views, numbers
+from shardstream.shard_builder.importers.hf_documents import HfOption, document_batch, notes
 from shardstream.shard_builder.importers.source import (
     Batch,
     Column,
@@ -79,7 +81,8 @@ def _json_field(path: str, key: str) -> list[Any]:
     return value
 
 
-def plan(inputs: tuple[str, ...], split: str) -> list[SourceUnit]:
+def plan(inputs: tuple[str, ...], option: str) -> list[SourceUnit]:
+    split = HfOption.parse(option).split
     names: list[str] = []
     for arg in inputs:
         if not os.path.exists(arg) and not any(c in arg for c in "*?["):
@@ -236,6 +239,10 @@ def _records(path: str, batch: Any, features: dict[str, Any], first: int) -> Ite
 
 
 def read(unit: SourceUnit) -> Iterator[Record]:
+    if HfOption.parse(unit.option).documents:
+        for batch in read_batches(unit):
+            yield from batch.records()
+        return
     schema, batches = _batches(unit.path, unit.span, unit.first)
     features = features_of(schema)
     row = unit.first
@@ -249,8 +256,13 @@ def read_batches(unit: SourceUnit) -> Iterator[Batch]:
     :func:`_plain_columns` can, else as rows."""
     schema, batches = _batches(unit.path, unit.span, unit.first)
     features = features_of(schema)
+    option = HfOption.parse(unit.option)
     row = unit.first
     for batch in batches:
+        if option.documents:
+            yield document_batch(unit.path, row, batch, option)
+            row += batch.num_rows
+            continue
         where = functools.partial(_nth_where, unit.path, row)
         columns = _plain_columns(batch, features)
         if columns is not None:
@@ -289,20 +301,29 @@ def _plain_columns(batch: Any, features: dict[str, Any]) -> dict[str, Any] | Non
 
 def describe(units: list[SourceUnit]) -> dict[str, Any]:
     """``label_names`` per ClassLabel column, for the dataset metadata; and ``notes`` for
-    the summary where a DatasetDict's split was taken by default (``--split`` not given)."""
+    the summary where a DatasetDict's split was taken by default (``--split`` not given),
+    and of a documents import what it took from which column (and ``vocab_size``)."""
     schema, _ = _batches(units[0].path)
-    names = {
-        k: f["names"] for k, f in features_of(schema).items() if f.get("_type") == "ClassLabel"
-    }
-    out: dict[str, Any] = {"label_names": names} if names else {}
+    option = HfOption.parse(units[0].option)
+    out: dict[str, Any] = {}
+    if option.documents:
+        out["notes"] = notes(list(schema.names), option)
+        if option.vocab_size:
+            out["vocab_size"] = option.vocab_size
+    else:
+        names = {
+            k: f["names"] for k, f in features_of(schema).items() if f.get("_type") == "ClassLabel"
+        }
+        out.update({"label_names": names} if names else {})
+    defaulted = [] if option.split else [u.path for u in units]  # one option for every unit
     folders = dict.fromkeys(
         os.path.dirname(folder)
-        for folder in map(os.path.dirname, (u.path for u in units if not u.option))
+        for folder in map(os.path.dirname, defaulted)
         if os.path.basename(folder) == DEFAULT_SPLIT
         and os.path.exists(os.path.join(os.path.dirname(folder), "dataset_dict.json"))
     )
     if folders:
-        out["notes"] = [
+        out["notes"] = out.get("notes", []) + [
             f"split {DEFAULT_SPLIT!r} of the DatasetDict {folder} (--split not given; "
             f"its splits: {', '.join(_json_field(folder + '/dataset_dict.json', 'splits'))})"
             for folder in folders
