@@ -89,36 +89,20 @@ class BuildRun:
         self, resume: dict[str, Any], columns: dict[str, str], samples: list[bytes]
     ) -> ShardInfo:
         """:meth:`store` the next shard of encoded ``samples`` (the codec's ``write_shard``)."""
-        position = len(self.shards)
-        return self.store(
-            resume,
-            lambda: write_shard(
-                self.sink.staging,
-                self._key(position),
-                columns,
-                samples,
-                **self.config.shard_format(),
-            ),
-        )
+        return self._store_with(write_shard, resume, columns, samples)
 
     def store_arrays(
         self, resume: dict[str, Any], columns: dict[str, str], arrays: dict[str, Any]
     ) -> ShardInfo:
         """:meth:`store` the next shard of fixed-shape ``arrays`` (``write_shard_arrays``)."""
-        position = len(self.shards)
-        return self.store(
-            resume,
-            lambda: write_shard_arrays(
-                self.sink.staging,
-                self._key(position),
-                columns,
-                arrays,
-                **self.config.shard_format(),
-            ),
-        )
+        return self._store_with(write_shard_arrays, resume, columns, arrays)
 
-    def _key(self, position: int) -> str:
-        return shard_key(position, self.config.spread_prefixes)
+    def _store_with(
+        self, codec: Callable[..., ShardInfo], resume: dict[str, Any], columns: Any, data: Any
+    ) -> ShardInfo:
+        key = shard_key(len(self.shards), self.config.spread_prefixes)
+        folder, options = self.sink.staging, self.config.shard_format()
+        return self.store(resume, lambda: codec(folder, key, columns, data, **options))
 
     def hand_over(self, position: int, info: ShardInfo, resume: dict[str, Any]) -> None:
         """Shard ``position`` (the next one), written in :attr:`ShardSink.staging` by another
