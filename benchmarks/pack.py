@@ -13,10 +13,12 @@ Packers: shardstream's group packing (:mod:`shardstream.client.batches.packing`,
 ``rows=auto`` as many rows as needed, ``rows=R`` a fixed count, ``R`` = the group's mean
 tokens / seq_len rounded up), and references over the whole stream with no group
 boundary: greedy (next-fit) and first-fit with unbounded bins (the best a single-pass
-first-fit can do), and a first-fit with ``--bins`` open bins, oldest flushed when full
-(Grain's ``FirstFitPackIterDataset`` shape). With ``grain`` importable (``--grain``, or
-``--grain-path`` a ``pip install --target`` folder) Grain's own packer is measured too
-(documents cut into ``seq_len`` pieces first, as ours are: Grain refuses longer inputs).
+first-fit can do), and a first-fit with ``--bins`` open bins, the fullest flushed when a
+piece fits none. Grain's own packer (a dev dependency) is measured beside them:
+``grain.experimental.FirstFitPackIterDataset(num_packing_bins=--bins, shuffle_bins=False)``
+over the documents cut into ``seq_len`` pieces first, as ours are (Grain refuses longer
+inputs); when a piece fits none of its bins it emits all of them, so it pads more than the
+bounded reference. ``--no-grain`` leaves it out.
 LanceDB (a dev dependency) is measured through its own loader: the documents as a
 ``list<uint32>`` column of a local LanceDB table (written before the clock starts) read by
 ``lancedb.streaming.StreamingDataset(pack_sequences=seq_len, eos_id=, pad_id=,
@@ -79,7 +81,7 @@ def _bounded_first_fit(
     docs: list[np.ndarray[Any, Any]], seq_len: int, bins: int
 ) -> tuple[int, int, int]:
     """First-fit over at most ``bins`` open rows; when none fits and all are open, the
-    fullest is emitted (Grain's packer flushes a bin then). Layout only, plus a fill."""
+    fullest is emitted (Grain's packer emits all of them then). Layout only, plus a fill."""
     open_free: list[int] = []
     rows = placed = 0
     for doc in docs:
@@ -170,17 +172,18 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=16_384)
     parser.add_argument("--groups", default="64,256,1024")
     parser.add_argument("--bins", type=int, default=8)
-    parser.add_argument("--grain", action="store_true", help="measure grain's packer (installed)")
-    parser.add_argument("--grain-path", help="a folder grain was pip-installed into (--target)")
+    parser.add_argument("--no-grain", action="store_true", help="leave Grain's packer out")
     parser.add_argument(
         "--lance-splits", default="8", help="LanceDB num_splits besides 1 ('' for no LanceDB)"
     )
     args = parser.parse_args()
-    if args.grain_path:  # after the venv's own packages, so its numpy stays in force
-        import sys
-
-        sys.path.append(args.grain_path)
-        args.grain = True
+    if not args.no_grain:
+        try:
+            import grain  # noqa: F401  (imported outside the clock)
+        except ImportError as exc:
+            parser.error(
+                f"{exc}: Grain is a dev dependency (pip install -e '.[dev]'), or --no-grain"
+            )
 
     lengths = _lengths(args.docs, args.mu, args.sigma, args.max_len, seed=0)
     docs = _docs(lengths)
@@ -198,7 +201,7 @@ def main() -> None:
             lambda: _bounded_first_fit(docs, args.seq_len, args.bins),
         )
     )
-    if args.grain:
+    if not args.no_grain:
         runs.append(
             (f"grain first-fit {args.bins} bins", lambda: _grain(docs, args.seq_len, args.bins))
         )
