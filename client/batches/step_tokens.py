@@ -18,17 +18,13 @@ length in the order before the first step, and the boundary would move with the 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 from shardstream.client.batches.packed import Packer
 from shardstream.errors import ConfigError
+from shardstream.mds import token_column, tokens_per_sample
 
-__all__ = ["TOKEN_COLUMNS", "tokens_per_step"]
-
-TOKEN_COLUMNS = ("tokens", "input_ids")
-"""Column names taken as the token column of unpacked samples (else the only fixed-shape
-array), as the server's mixture figures take them."""
+__all__ = ["tokens_per_step"]
 
 _FIX = (
     "pack the documents at read time into a fixed number of rows "
@@ -52,29 +48,13 @@ def tokens_per_step(
                 f"of {seq_len}), or end the phases by step (Phase(until=...))"
             )
         return global_batch_size // packer.group * rows * seq_len
-    fixed = {
-        name: size for name, enc in encodings.items() if (size := _fixed_size(enc)) is not None
-    }
-    name = next((n for n in TOKEN_COLUMNS if n in fixed), None)
-    if name is None and len(fixed) == 1:
-        name = next(iter(fixed))
-    if name is None:
-        tokens = next((n for n in TOKEN_COLUMNS if n in encodings), None)
+    per_sample = tokens_per_sample(encodings)
+    if per_sample is None:
+        name = token_column(encodings)
         what = (
-            f"column {tokens!r} holds arrays of varying length ({encodings[tokens]})"
-            if tokens is not None
+            f"column {name!r} holds arrays of varying length ({encodings[name]})"
+            if name is not None
             else f"no column is a fixed-length token array (columns: {sorted(encodings)})"
         )
         raise ConfigError(f"{why}, but {what}: {_FIX}")
-    return global_batch_size * fixed[name]
-
-
-def _fixed_size(encoding: str) -> int | None:
-    """Elements in one value of a fixed-shape ``ndarray:<dtype>:<d0,d1,...>`` column."""
-    parts = encoding.split(":")
-    if parts[0] != "ndarray" or len(parts) != 3:
-        return None
-    try:
-        return math.prod(int(d) for d in parts[2].split(","))
-    except ValueError:
-        return None
+    return global_batch_size * per_sample

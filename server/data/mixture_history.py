@@ -12,8 +12,9 @@ here from the plan, with no extra figures from the client: each segment (a const
 piece of the schedule within an epoch) whole segments exactly, a segment the window cuts
 in proportion (inside a segment the plan mixes its sources evenly). Tokens are samples
 times the source's tokens per sample, known when its version's token column has a fixed
-shape (``ndarray:<dtype>:<seq_len>``, what ``build text`` writes); documents of varying
-length have none, and then the run has no token figures.
+shape (``ndarray:<dtype>:<seq_len>``, what ``build text`` writes; the rule is
+:func:`shardstream.mds.tokens_per_sample`, the one the client's schedules in tokens read);
+documents of varying length have none, and then the run has no token figures.
 
 **Bounded.** A run's row keeps at most :data:`MAX_MIXTURE_WINDOWS` finished windows of
 equal width (window ``i`` is steps ``[i w, (i + 1) w)``); when the run's position passes
@@ -29,7 +30,6 @@ it spans), never O(epochs): runs of whole epochs inside one piece are counted at
 from __future__ import annotations
 
 import bisect
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session
 from shardstream.client.plan._scheduled import split_by_weights
 from shardstream.client.plan._weights import MixtureSchedule
 from shardstream.errors import PlanError
+from shardstream.mds import tokens_per_sample
 from shardstream.server.models import CheckpointRow, RunMixtureRow, RunSourceRow, VersionRow, utcnow
 from shardstream.wire import MixtureWindow, RunMixtureHistory
 from shardstream.wire._mixture import MAX_MIXTURE_WINDOWS
@@ -47,14 +48,11 @@ from shardstream.wire._mixture import MAX_MIXTURE_WINDOWS
 from . import runs as runs_data
 from .epoch_size import MAX_EPOCH_SAMPLES, epoch_samples
 
-__all__ = ["MAX_MIXTURE_WINDOWS", "MixturePlan", "for_run", "record", "tokens_per_sample"]
+__all__ = ["MAX_MIXTURE_WINDOWS", "MixturePlan", "for_run", "record"]
 
 MAX_PIECES = 1024
 """Constant pieces a schedule may have for the server to count it (a stored plan is
 whatever a client sent: a linear phase of a billion steps is not expanded)."""
-
-TOKEN_COLUMNS = ("tokens", "input_ids")
-"""Column names taken as the token column first (else a version's only fixed-shape array)."""
 
 
 @dataclass(frozen=True)
@@ -184,29 +182,6 @@ def _piece_count(schedule: MixtureSchedule) -> int:
             count += min(phase.steps, max(1, phase.until - start))
         start = phase.until if phase.until is not None else start
     return count
-
-
-def tokens_per_sample(columns: object) -> int | None:
-    """Tokens in one sample of a version with these ``columns`` (name -> MDS encoding):
-    the element count of its token column when that has a fixed shape
-    (``ndarray:uint16:2048``); None for documents of varying length or no token column."""
-    if not isinstance(columns, Mapping):
-        return None
-    fixed: dict[str, int] = {}
-    for name, encoding in columns.items():
-        parts = str(encoding).split(":")
-        if parts[0] != "ndarray" or len(parts) != 3:
-            continue
-        try:
-            dims = [int(d) for d in parts[2].split(",")]
-        except ValueError:
-            continue
-        if dims and all(0 < d <= MAX_EPOCH_SAMPLES for d in dims):
-            fixed[str(name)] = math.prod(dims)
-    for name in TOKEN_COLUMNS:
-        if name in fixed:
-            return fixed[name]
-    return next(iter(fixed.values())) if len(fixed) == 1 else None
 
 
 # -- the windows -------------------------------------------------------------------------

@@ -14,6 +14,10 @@ Ranged reads: uncompressed shards carry per-block digests (``ShardInfo.block_dig
 :func:`blocks_for_range` aligns a byte range to blocks and :func:`verify_range` checks the
 fetched bytes, so a reader can verify part of a shard without the whole file.
 
+Tokens: :func:`token_column` names the column that holds a sample's tokens and
+:func:`tokens_per_sample` counts them where the shape is fixed (one rule for the client's
+schedules in tokens and the server's mixture figures).
+
 Errors: :class:`~shardstream.errors.FormatError` and its subclasses (corrupt shards, hash
 mismatches, unsupported encodings), :class:`~shardstream.errors.InputError` for bad samples,
 :class:`~shardstream.errors.ConfigError` for bad settings. The format is documented in
@@ -50,6 +54,7 @@ from shardstream.mds._shard import (
     write_shard,
     write_shard_arrays,
 )
+from shardstream.mds._tokens import TOKEN_COLUMNS, fixed_shape, token_column, tokens_per_sample
 from shardstream.mds._writer import MDSWriter
 
 __all__ = [
@@ -58,6 +63,7 @@ __all__ = [
     "DEFAULT_PIECE_SIZE",
     "ENCODINGS",
     "INDEX_BASENAME",
+    "TOKEN_COLUMNS",
     "BlockDigests",
     "BlockRange",
     "Codec",
@@ -75,6 +81,7 @@ __all__ = [
     "decompress_shard",
     "encode_sample",
     "encoded_size",
+    "fixed_shape",
     "get_codec",
     "index_from_json",
     "load_index",
@@ -82,6 +89,8 @@ __all__ = [
     "make_parts_encoder",
     "samples_per_shard",
     "shard_config",
+    "token_column",
+    "tokens_per_sample",
     "verify_range",
     "write_atomic",
     "write_samples",

@@ -274,7 +274,16 @@ def _shape_header(shape: tuple[int, ...]) -> bytes:
 
 
 def _parse_ndarray(encoding: str) -> Codec:
-    args = encoding.split(":")[1:]
+    return _ndarray_codec(encoding, *ndarray_spec(encoding))
+
+
+def ndarray_spec(encoding: str) -> tuple[np.dtype[Any] | None, tuple[int, ...] | None]:
+    """The dtype and shape of one value of an ``ndarray[:<dtype>[:<d0,d1,...>]]`` encoding
+    (``None`` where the encoding leaves them to each value); :class:`UnsupportedEncodingError`
+    for a malformed one or one that is not an ``ndarray``."""
+    name, *args = encoding.split(":")
+    if name != "ndarray":
+        raise UnsupportedEncodingError(f"{encoding!r} is not an ndarray encoding")
     if len(args) > 2 or (args and args[0] not in _DTYPE_CODES):
         raise UnsupportedEncodingError(
             f"bad ndarray encoding {encoding!r}: expected ndarray, ndarray:<dtype> or "
@@ -297,7 +306,7 @@ def _parse_ndarray(encoding: str) -> Codec:
                 f"bad ndarray encoding {encoding!r}: one value would not fit in a shard "
                 "(at most 63 axes and 4 GiB)"
             )
-    return _ndarray_codec(encoding, dtype, shape)
+    return dtype, shape
 
 
 _SIMPLE: dict[str, Callable[[], Codec]] = {

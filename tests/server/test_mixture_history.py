@@ -19,7 +19,7 @@ from sqlalchemy import select
 
 from shardstream.client.plan import MixtureSchedule, Phase, PlanConfig, ScheduledPlan, SourceSpec
 from shardstream.server.console.headers import POLICY
-from shardstream.server.data.mixture_history import MixturePlan, tokens_per_sample
+from shardstream.server.data.mixture_history import MixturePlan
 from shardstream.server.models import RunMixtureRow
 from shardstream.wire import MAX_MIXTURE_WINDOWS
 from tests.fixtures.server import LiveServer
@@ -95,16 +95,6 @@ def test_windows_count_what_the_plan_reads_and_add_up() -> None:
     far = arithmetic.counts(0, 20 * 10**9)
     assert time.perf_counter() - started < 0.5
     assert sum(far) == 80 * 10**9
-
-
-def test_tokens_per_sample_from_the_version_columns() -> None:
-    assert tokens_per_sample({"tokens": "ndarray:uint16:2048"}) == 2048
-    assert tokens_per_sample({"input_ids": "ndarray:uint32:4,512", "x": "int"}) == 2048
-    assert tokens_per_sample({"ids": "ndarray:uint16:16"}) == 16  # the only fixed array
-    assert tokens_per_sample({"tokens": "ndarray:uint16"}) is None  # documents vary
-    assert tokens_per_sample({"a": "ndarray:uint8:2", "b": "ndarray:uint8:3"}) is None
-    assert tokens_per_sample({"tokens": "ndarray:uint16:x"}) is None
-    assert tokens_per_sample(None) is None
 
 
 # -- the API ---------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from shardstream.client.batches.packed import Packer
 from shardstream.client.batches.step_tokens import tokens_per_step
 from shardstream.client.options import PackOptions
 from shardstream.errors import ConfigError
+from shardstream.mds import tokens_per_sample
 
 DOCUMENTS = {"tokens": "ndarray:uint32"}
 
@@ -81,3 +82,23 @@ def test_a_step_whose_tokens_vary_is_refused_with_the_fix(
     with pytest.raises(ConfigError, match=message) as info:
         tokens_per_step(encodings, packer, 8)
     assert "Phase(until=...)" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "columns",
+    [
+        {"tokens": "ndarray:uint16:2048"},
+        {"ids": "ndarray:uint32:2,64", "text": "str"},
+        {"tokens": "ndarray:uint16", "mask": "ndarray:uint8:1024"},
+        {"a": "ndarray:uint8:2", "b": "ndarray:uint8:3"},
+    ],
+)
+def test_the_client_and_the_server_agree(columns: dict[str, str]) -> None:
+    """The step in tokens is the batch times shardstream.mds's tokens per sample (the
+    server's mixture figures read the same rule), refused exactly where that has none."""
+    per_sample = tokens_per_sample(columns)
+    if per_sample is None:
+        with pytest.raises(ConfigError):
+            tokens_per_step(columns, None, 8)
+    else:
+        assert tokens_per_step(columns, None, 8) == 8 * per_sample
