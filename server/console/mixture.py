@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shardstream.client.plan import Phase
 from shardstream.server.data.mixture_history import MixturePlan
+from shardstream.wire import phase_end_text
 
 MAX_EPOCHS = 10_000
 """Epochs the console sums over at most (a plan claiming more is not shown)."""
@@ -40,16 +40,30 @@ class MixtureView:
     phases: list[str]
     sources: list[SourceShare]
     step: int
+    now: str  # where the run is: "step 18", or "36.9K tokens (step 18)" for a schedule in tokens
+    unit: str  # what the phases end by: "global step" or "tokens consumed"
 
 
-def _phase_text(phase: Phase, start: int) -> str:
-    until = phase.until
-    span = f"steps {start:,}-{until:,}" if until is not None else f"steps {start:,}-"
-    weights = ":".join(f"{w:g}" for w in phase.weights)
-    ends = phase.end_weights
-    if ends is not None:
-        weights += " -> " + ":".join(f"{w:g}" for w in ends)
-    return f"{span}: {weights}"
+def _phase_texts(arithmetic: MixturePlan) -> list[str]:
+    """Each phase and its weights: ``"steps 0-10: 3:1"``; a schedule whose phases end by
+    tokens names its ends in tokens, with the steps they become: ``"until 2.0B tokens
+    (step 123): 3:1"``, ``"from 2.0B tokens (step 123): 1:3"``."""
+    labels = [phase_end_text(step, tokens) for step, tokens in arithmetic.phase_ends()]
+    out, start = [], 0
+    for i, phase in enumerate(arithmetic.schedule.phases):  # in steps (MixturePlan counts steps)
+        until = phase.until
+        if not arithmetic.phase_tokens:
+            span = f"steps {start:,}-{until:,}" if until is not None else f"steps {start:,}-"
+        elif until is None:
+            span = f"from {labels[i - 1]}" if i else "all of training"
+        else:
+            span = f"{labels[i - 1]} until {labels[i]}" if i else f"until {labels[i]}"
+        weights = ":".join(f"{w:g}" for w in phase.weights)
+        if phase.end_weights is not None:
+            weights += " -> " + ":".join(f"{w:g}" for w in phase.end_weights)
+        out.append(f"{span}: {weights}")
+        start = until if until is not None else start
+    return out
 
 
 def mixture_view(
@@ -67,15 +81,14 @@ def mixture_view(
     totals = arithmetic.counts(0, step)
     weights_now = arithmetic.weights_at(step)  # for the run's next batch
     consumed = sum(totals)
-    phases, start = [], 0
-    for phase in arithmetic.schedule.phases:  # in steps (MixturePlan counts steps)
-        phases.append(_phase_text(phase, start))
-        start = phase.until if phase.until is not None else start
+    per_step = arithmetic.tokens_per_step
     return MixtureView(
-        phases=phases,
+        phases=_phase_texts(arithmetic),
         sources=[
             SourceShare(name, w, n, n / consumed if consumed else 0.0)
             for name, w, n in zip(names, weights_now, totals, strict=True)
         ],
         step=step,
+        now=phase_end_text(step, step * per_step if per_step is not None else None),
+        unit="global step" if per_step is None else "tokens consumed",
     )

@@ -4,7 +4,8 @@ as an inline SVG (no script, nothing fetched: the console's security policy stay
 
 Each source is one colour: a solid step line for its share of the window's samples, a
 dotted one for its share of the tokens, a dashed one for the planned weight; thin
-vertical lines mark where the schedule's phases end. Hovering a window names every
+vertical lines mark where the schedule's phases end (named in tokens, with their step, for
+a schedule whose phases end by tokens). Hovering a window names every
 drawn source's figures in it. Only numbers and escaped names go into the SVG.
 """
 
@@ -14,7 +15,7 @@ import html
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from shardstream.wire import MixtureWindow, RunMixtureHistory
+from shardstream.wire import MixtureWindow, RunMixtureHistory, token_count_text
 
 __all__ = ["COLORS", "Legend", "mixture_chart"]
 
@@ -93,15 +94,18 @@ def mixture_chart(
             f"{share:.0%}</text>"
         )
     parts.append(f'<text x="{left}" y="{height - 10}" class="tick">step 0</text>')
+    last = f"step {end:,}"
+    if history.tokens_per_step is not None:  # a schedule in tokens: the run's tokens too
+        last = f"{token_count_text(end * history.tokens_per_step)} tokens ({last})"
     parts.append(
         f'<text x="{width - right}" y="{height - 10}" text-anchor="end" class="tick">'
-        f"step {end:,}</text>"
+        f"{html.escape(last)}</text>"
     )
-    for until in history.phase_ends:
+    for until, label in zip(history.phase_ends, history.phase_end_labels(), strict=True):
         if 0 < until < end:
             parts.append(
                 f'<line x1="{x(until):.1f}" y1="{top}" x2="{x(until):.1f}" y2="{y(0)}" '
-                f'class="phase-end"><title>a phase ends at step {until:,}</title></line>'
+                f'class="phase-end"><title>a phase ends at {html.escape(label)}</title></line>'
             )
     for color, s in zip(COLORS, drawn, strict=False):
         lines = [

@@ -66,6 +66,11 @@ class MixturePlan:
     num_batches: int
     starts: tuple[int, ...]
     weights: tuple[tuple[float, ...], ...]
+    tokens_per_step: int | None = None
+    """The tokens a global step consumes, for a schedule whose phases end by tokens."""
+    phase_tokens: tuple[int | None, ...] = ()
+    """Per phase of such a schedule, its ``until_tokens`` (``schedule`` holds the steps
+    they become); empty for a schedule in steps."""
 
     @classmethod
     def of(
@@ -82,9 +87,9 @@ class MixturePlan:
         if not epoch_samples or not 0 < epoch_samples <= MAX_EPOCH_SAMPLES:
             return None
         try:
-            schedule = MixtureSchedule.from_params(params["schedule"])
-            if schedule is not None:  # phase ends in tokens counted as the steps they are
-                schedule = schedule.in_steps()
+            stored = MixtureSchedule.from_params(params["schedule"])
+            # Phase ends in tokens are counted as the steps they are.
+            schedule = stored.in_steps() if stored is not None else None
         except (PlanError, TypeError, ValueError):
             return None
         if schedule is None or schedule.num_sources != num_sources:
@@ -103,7 +108,21 @@ class MixturePlan:
             num_batches,
             tuple(start for start, _ in pieces),
             tuple(weights for _, weights in pieces),
+            stored.tokens_per_step if stored is not None and stored.in_tokens else None,
+            tuple(p.until_tokens for p in stored.phases)
+            if stored is not None and stored.in_tokens
+            else (),
         )
+
+    def phase_ends(self) -> list[tuple[int, int | None]]:
+        """``(step, tokens)`` where each phase with an end ends; ``tokens`` is its
+        ``until_tokens`` in a schedule whose phases end by tokens, else ``None``."""
+        tokens = self.phase_tokens or (None,) * len(self.schedule.phases)
+        return [
+            (phase.until, t)
+            for phase, t in zip(self.schedule.phases, tokens, strict=True)
+            if phase.until is not None
+        ]
 
     def position(self, epoch: int, sample_in_epoch: int) -> int:
         """The global step (batches since the run's start) of a checkpoint's position."""
@@ -281,9 +300,16 @@ def for_run(session: Session, run_id: int) -> RunMixtureHistory:
     )
     if mixture is None:
         return history
-    ends = [p.until for p in mixture.schedule.phases if p.until is not None]
+    ends = mixture.phase_ends()
+    history = history.model_copy(
+        update={
+            "phase_ends": [step for step, _ in ends],
+            "tokens_per_step": mixture.tokens_per_step,
+            "phase_end_tokens": [t for _, t in ends if t is not None],
+        }
+    )
     if latest is None:
-        return history.model_copy(update={"step": None, "phase_ends": ends})
+        return history
     position = mixture.position(latest.epoch, latest.sample_in_epoch)
     row = session.get(RunMixtureRow, run_id)
     stored = list(row.windows) if row is not None else []
@@ -303,9 +329,7 @@ def for_run(session: Session, run_id: int) -> RunMixtureHistory:
                 through, position, counted, mixture.planned(through, position), known, open_=True
             )
         )
-    return history.model_copy(
-        update={"step": position, "window_steps": width, "phase_ends": ends, "windows": out}
-    )
+    return history.model_copy(update={"step": position, "window_steps": width, "windows": out})
 
 
 def _window(

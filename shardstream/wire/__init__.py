@@ -36,7 +36,13 @@ from ._datasets import (
 from ._fields import MAX_INT, NAME_PATTERN, check_name, check_shard_key
 from ._input_stats import InputStatsReport, RankInputStats, RunInputStats, RunInputSummary
 from ._json import FieldLimits, check_json_document, field_limits, set_field_limits
-from ._mixture import MAX_MIXTURE_WINDOWS, MixtureWindow, RunMixtureHistory
+from ._mixture import (
+    MAX_MIXTURE_WINDOWS,
+    MixtureWindow,
+    RunMixtureHistory,
+    phase_end_text,
+    token_count_text,
+)
 from ._responses import ErrorResponse, Health, Page
 from ._runs import (
     AttemptCreate,
@@ -96,5 +102,7 @@ __all__ = [
     "check_name",
     "check_shard_key",
     "field_limits",
+    "phase_end_text",
     "set_field_limits",
+    "token_count_text",
 ]

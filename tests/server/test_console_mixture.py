@@ -66,3 +66,29 @@ def test_run_page_shows_the_schedule_and_shares(
     assert '<td>web v1</td><td class="num">25.0%</td><td class="num">45</td>' in page
     assert '<td>code v1</td><td class="num">75.0%</td><td class="num">27</td>' in page
     assert "62.5%" in page and "37.5%" in page
+
+
+def test_phases_that_end_by_tokens_are_named_in_tokens_with_their_steps() -> None:
+    """A schedule in tokens counts exactly as the schedule in steps it becomes, and the
+    phase list names each end as "<tokens> tokens (step <n>)"."""
+    per_step = 2 * 10**8  # a (large) global step's tokens
+    tokens = MixtureSchedule(
+        [Phase(until_tokens=2 * 10**9, weights=(3, 1)),
+         Phase(until_tokens=32 * 10**8 - 1, weights=(3, 1), end_weights=(1, 3), steps=2),
+         Phase(weights=(1, 3))],
+        tokens_per_step=per_step,
+    )  # fmt: skip
+    assert tokens.in_steps() == SCHEDULE  # ends at steps 10 and 16 (ceil)
+    plan = {"plan": {**_params(80)["plan"], "schedule": tokens.to_params()}}  # type: ignore[dict-item]
+    for epoch, batch in [(0, 0), (0, 13), (0, 18), (1, 5)]:
+        view = mixture_view(plan, ["web", "code"], 80, epoch, 4 * batch)
+        same = mixture_view(_params(80), ["web", "code"], 80, epoch, 4 * batch)
+        assert view is not None and same is not None
+        assert view.sources == same.sources and view.step == same.step
+    assert view.phases == [
+        "until 2.0B tokens (step 10): 3:1",
+        "2.0B tokens (step 10) until 3.2B tokens (step 16): 3:1 -> 1:3",
+        "from 3.2B tokens (step 16): 1:3",
+    ]
+    assert view.unit == "tokens consumed" and view.now == "5.0B tokens (step 25)"
+    assert same.phases[0] == "steps 0-10: 3:1" and same.now == "step 25"

@@ -21,7 +21,12 @@ from shardstream.client.plan import MixtureSchedule, Phase, PlanConfig, Schedule
 from shardstream.server.console.headers import POLICY
 from shardstream.server.data.mixture_history import MixturePlan
 from shardstream.server.models import RunMixtureRow
-from shardstream.wire import MAX_MIXTURE_WINDOWS
+from shardstream.wire import (
+    MAX_MIXTURE_WINDOWS,
+    RunMixtureHistory,
+    phase_end_text,
+    token_count_text,
+)
 from tests.fixtures.server import LiveServer
 from tests.server.conftest import ADMIN, shard
 from tests.server.test_console import sign_in
@@ -212,6 +217,42 @@ def test_the_run_page_draws_the_planned_phase_change(
     assert '<tr id="mixture-legend-0">' in text and "code v1" in text
 
 
+def test_a_schedule_in_tokens_is_shown_in_tokens_with_its_steps(
+    api: TestClient, app: FastAPI, tmp_path: Path
+) -> None:
+    """Phases that end by tokens: the API gives the tokens beside the steps they become,
+    and the page names every phase end as "<tokens> tokens (step <n>)"."""
+    run = _run(api, tmp_path, [{"tokens": "ndarray:uint16:2048"}] * 2)
+    per_step = 4 * 2048  # a global batch of 4 rows of 2048 tokens
+    tokens = MixtureSchedule(
+        [Phase(until_tokens=10 * per_step - 100, weights=(3, 1)), Phase(weights=(1, 3))],
+        tokens_per_step=per_step,
+    )
+    assert tokens.step_ends() == (10, None)  # ceil: the phase ends where the step one did
+    plan = _plan(tokens.to_params())
+    for step in range(1, 19):
+        _commit(api, run, step, 0, 4 * step, plan)
+    history = api.get(f"/v1/runs/{run}/mixture").json()
+    assert history["phase_ends"] == [10] and history["phase_end_tokens"] == [81_820]
+    assert history["tokens_per_step"] == per_step
+    # The same windows as the schedule in steps it is (the curve of the test above).
+    windows = history["windows"]
+    assert [w["samples"] for w in windows] == [[3, 1]] * 10 + [[1, 3]] * 8
+    assert windows[0]["tokens"] == [3 * 2048, 2048]
+    text = sign_in(app, ADMIN).get(f"/ui/runs/{run}").text
+    assert "a phase ends at 81.82K tokens (step 10)" in text
+    assert "until 81.82K tokens (step 10): 3:1; from 81.82K tokens (step 10): 1:3" in text
+    assert "by tokens consumed; now at 147.456K tokens (step 18)" in text
+    assert "147.456K tokens (step 18)</text>" in text  # the chart's last tick
+    # A schedule in steps keeps its steps, and gives no tokens.
+    sources = [{"dataset": n, "version": 1} for n in ("web", "code")]
+    other = api.post("/v1/runs", json={"sources": sources, "global_batch_size": 4}).json()["id"]
+    _commit(api, other, 1, 0, 4, _plan(SCHEDULE.to_params()))
+    in_steps = api.get(f"/v1/runs/{other}/mixture").json()
+    assert in_steps["tokens_per_step"] is None and in_steps["phase_end_tokens"] == []
+    assert "now at step 1)" in sign_in(app, ADMIN).get(f"/ui/runs/{other}").text
+
+
 def test_ranks_committing_together_through_a_live_server_count_each_step_once(
     live: LiveServer,
 ) -> None:
@@ -236,3 +277,18 @@ def test_ranks_committing_together_through_a_live_server_count_each_step_once(
         page = client.get("/ui/login")  # the console is served by the same process
         assert page.status_code == 200
         assert page.headers["content-security-policy"] == POLICY
+
+
+def test_phase_ends_are_worded_in_steps_or_in_tokens_with_their_step() -> None:
+    assert [token_count_text(n) for n in (0, 950, 1000, 12_500, 2 * 10**9, 1_234_567_891)] == [
+        "0", "950", "1.0K", "12.5K", "2.0B", "1.235B"
+    ]  # fmt: skip
+    assert token_count_text(1_250_000_000_000) == "1.25T"
+    assert phase_end_text(10) == "step 10"
+    assert phase_end_text(123, 2 * 10**9) == "2.0B tokens (step 123)"
+    history = RunMixtureHistory(
+        run_id=1, sources=["a"], scheduled=True, tokens_per_sample=[None], phase_ends=[10, 1234]
+    )
+    assert history.phase_end_labels() == ["step 10", "step 1,234"]
+    tokens = history.model_copy(update={"phase_end_tokens": [10**6, 2 * 10**6]})
+    assert tokens.phase_end_labels() == ["1.0M tokens (step 10)", "2.0M tokens (step 1,234)"]
