@@ -14,6 +14,7 @@ from shardstream.wire import (
     InputStatsReport,
     RunCreate,
     RunInputStats,
+    RunMixtureHistory,
     RunPublic,
     RunSource,
     RunStatus,
@@ -107,6 +108,15 @@ class RunsAPI(APISession):
             ranks += page.ranks
             cursor = page.next_cursor
         return first.model_copy(update={"ranks": ranks, "next_cursor": None})
+
+    def run_mixture(self, run_id: int) -> RunMixtureHistory:
+        """The run's mixture over training (``GET /v1/runs/{id}/mixture``): per window of
+        global steps, each source's samples (and tokens, where known) beside the weights
+        its schedule planned, and where the phases end (in steps, and in tokens for a
+        schedule in tokens). ``scheduled`` is false, with no windows, for a run without a
+        schedule the server can count."""
+        path = f"/v1/runs/{run_id}/mixture"
+        return self._model(RunMixtureHistory, self.request("GET", path))
 
     def get_checkpoint(self, run_id: int, step: int) -> CheckpointPublic:
         """The checkpoint at ``step`` (NotFoundError if none)."""

@@ -22,6 +22,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from shardstream.api_client._input_view import SLOWEST, input_lines
+from shardstream.api_client._mixture_view import mixture_lines
+from shardstream.errors import NotFoundError
 
 __all__ = ["register"]
 
@@ -45,7 +47,11 @@ def register(subparsers: Any) -> None:
     )
     verbs = runs.add_subparsers(dest="verb", metavar="VERB", required=True)
     verbs.add_parser("list", parents=[common], help="every run this token may read")
-    show = verbs.add_parser("show", parents=[common], help="a run and its checkpoints")
+    show = verbs.add_parser(
+        "show",
+        parents=[common],
+        help="a run, its checkpoints, input figures and (with a schedule) mixture",
+    )
     show.add_argument("run", type=int, metavar="RUN")
     audit = verbs.add_parser(
         "audit",
@@ -122,13 +128,24 @@ def _runs(args: argparse.Namespace) -> int:
         else:
             stats = api.input_stats(args.run, limit=SLOWEST)
         inputs = stats.model_dump(mode="json")
+        try:
+            mixture = api.run_mixture(args.run)
+        except NotFoundError:  # a server from before GET /v1/runs/{id}/mixture
+            mixture = None
         if args.json:
-            return _print_json({**run, "checkpoints": checkpoints, "input_stats": inputs})
+            shares = None if mixture is None else mixture.model_dump(mode="json")
+            return _print_json(
+                {**run, "checkpoints": checkpoints, "input_stats": inputs, "mixture": shares}
+            )
         _out(args, run, ["id", "name", "status", "sources", "seed", "created_by"], single=True)
         print()
         _out(args, checkpoints, ["step", "epoch", "sample_in_epoch", "created_at", "age"])
         print()
         print("\n".join(input_lines(inputs)))
+        lines = [] if mixture is None else mixture_lines(mixture)
+        if lines:
+            print()
+            print("\n".join(lines))
         return 0
 
 
