@@ -80,7 +80,7 @@ def _cache_dir(args: argparse.Namespace) -> Path:
 
 
 def _space(root: Path, limit: int | None) -> CacheSpace:
-    from shardstream.client.cache.keys import CacheLayout
+    from shardstream.client.cache.layout import CacheLayout
     from shardstream.client.cache.space import CacheSpace
     from shardstream.errors import ConfigError
 
@@ -95,7 +95,7 @@ def _space(root: Path, limit: int | None) -> CacheSpace:
 
 
 def _recorded_limit(root: Path) -> int | None:
-    from shardstream.client.cache.keys import CacheLayout
+    from shardstream.client.cache.layout import CacheLayout
 
     try:
         return int(CacheLayout.at(root).limit_file.read_text().strip())

@@ -1,19 +1,9 @@
-"""The node cache's directory layout and file names.
+"""The node cache's file names: a shard key's flat file name, a download folder's name.
 
-::
-
-    <root>/data/<name>                  cached shards, complete and verified
-    <root>/verified/<name>.ok           each shard's verified marker; its mtime is the LRU age
-    <root>/tmp/<name>.<size>.<pid>/     one in-flight download each (the fetch writes here)
-    <root>/locks/<name>.dl              download locks; exist only while a download runs
-    <root>/usage                        the space lock, holding a size *hint* (see cache_space)
-    <root>/index/<digest>.json          server versions' shard indexes (see index_cache)
-    <root>/over-limit                   present while the cache may be over its limit
-    <root>/limit                        the limit last configured (``shardstream cache``)
-
-A key such as ``"<version-id>/shard.00001.mds"`` becomes one flat, reversible file name
-(``/`` and every other unsafe byte percent-escaped), so a key can never name anything
-outside ``data/``, and ``ls data/`` still reads like the keys. Very long keys keep a
+The folders they live in are :mod:`~shardstream.client.cache.layout`'s. A key such as
+``"<version-id>/shard.00001.mds"`` becomes one flat, reversible file name (``/`` and every
+other unsafe byte percent-escaped), so a key can never name anything outside its folder,
+and ``ls data/`` still reads like the keys. Very long keys keep a
 readable prefix plus a hash, since file names are limited to 255 bytes.
 """
 
@@ -21,13 +11,11 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import quote
 
-from shardstream.client.cache.private_paths import private_folder
 from shardstream.errors import ConfigError
 
-__all__ = ["MARKER_SUFFIX", "CacheLayout", "TmpEntry", "key_to_name", "parse_tmp_name"]
+__all__ = ["MARKER_SUFFIX", "TmpEntry", "key_to_name", "leaf_name", "parse_tmp_name"]
 
 MARKER_SUFFIX = ".ok"
 
@@ -84,96 +72,3 @@ def parse_tmp_name(entry: str) -> TmpEntry | None:
     if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
         return None
     return TmpEntry(parts[0], int(parts[1]), int(parts[2]))
-
-
-@dataclass(frozen=True)
-class CacheLayout:
-    """The paths of one cache root; :meth:`create` makes the folders."""
-
-    root: Path
-
-    @property
-    def data(self) -> Path:
-        """Folder of complete shards."""
-        return self.root / "data"
-
-    @property
-    def tmp(self) -> Path:
-        """Folder of in-flight downloads."""
-        return self.root / "tmp"
-
-    @property
-    def locks(self) -> Path:
-        """Folder of per-shard download locks."""
-        return self.root / "locks"
-
-    @property
-    def verified(self) -> Path:
-        """Folder of verified markers, one per cached shard (:mod:`..verify`); a marker's
-        ``mtime`` is its shard's LRU age."""
-        return self.root / "verified"
-
-    @property
-    def over_flag(self) -> Path:
-        """Exists while some process found the cache over its limit; whoever releases a
-        pin then evicts (see :meth:`..cache_space.CacheSpace.enforce`)."""
-        return self.root / "over-limit"
-
-    @property
-    def limit_file(self) -> Path:
-        """The limit last configured by a process (for ``shardstream cache``)."""
-        return self.root / "limit"
-
-    def marker_path(self, name: str) -> Path:
-        """The verified marker of shard ``name`` (a suffix, so that nothing outside
-        ``data/`` looks like a shard to ``ls`` or a glob)."""
-        return self.root / "verified" / f"{name}{MARKER_SUFFIX}"
-
-    @property
-    def index(self) -> Path:
-        """Folder of server versions' shard indexes (:mod:`..index_cache`)."""
-        return self.root / "index"
-
-    @property
-    def usage(self) -> Path:
-        """The space lock file (and size hint)."""
-        return self.root / "usage"
-
-    def data_path(self, name: str) -> Path:
-        """Where shard ``name`` lives when cached."""
-        return self.root / "data" / name
-
-    def download_lock(self, name: str) -> Path:
-        """The lock a downloader of shard ``name`` holds."""
-        return self.root / "locks" / f"{name}.dl"
-
-    def tmp_dir(self, name: str, size: int, pid: int) -> Path:
-        """The private folder of one download (its size reserved by the name)."""
-        return self.root / "tmp" / f"{name}.{size}.{pid}"
-
-    @classmethod
-    def at(cls, root: Path | str) -> CacheLayout:
-        """The layout of the cache folder ``root``, its links resolved once: the folder
-        checked by :meth:`create` is the one used, even if a link to it is swapped later."""
-        return cls(Path(root).expanduser().resolve())
-
-    def create(self, *folders: Path) -> None:
-        """Create ``folders`` (default: those of the shard cache), private to this user.
-
-        Raises one ConfigError naming the folder and the fix when the root is not usable:
-        not creatable, or not this user's own (:mod:`..private_paths`: another local user
-        who owns or can write it could swap cached shards and forge their markers)."""
-        try:
-            problem = private_folder(self.root, tighten=False)
-            for folder in folders or (self.data, self.tmp, self.locks, self.verified):
-                problem = problem or private_folder(folder)
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot use cache directory {self.root} ({exc.strerror}); set "
-                "SHARDSTREAM_CACHE_DIR (or CacheOptions.dir) to a writable local folder"
-            ) from exc
-        if problem:
-            raise ConfigError(
-                f"refusing cache directory {self.root}: {problem} (set SHARDSTREAM_CACHE_DIR "
-                "or CacheOptions.dir to another folder)"
-            )

@@ -25,7 +25,8 @@ How a lease works (see ``docs/cache.md`` for the full story):
   nothing, and it is pinned from the instant it appears. The new file is hashed against
   the published hash before the rename, and its verified marker written after it.
 
-Module layout: :mod:`~shardstream.client.cache.keys` (names and folders),
+Module layout: :mod:`~shardstream.client.cache.layout` (folders),
+:mod:`~shardstream.client.cache.keys` (file names),
 :mod:`~shardstream.client.cache.space` (limit, scans, eviction),
 :mod:`~shardstream.client.cache.verify` (verified markers),
 :mod:`~shardstream.client.cache.lease` (leases and counters),
@@ -49,7 +50,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from shardstream.client.cache.filelock import lock_path, pin_file, unlink_and_close
-from shardstream.client.cache.keys import CacheLayout, key_to_name, leaf_name
+from shardstream.client.cache.keys import key_to_name
+from shardstream.client.cache.layout import CacheLayout
 from shardstream.client.cache.lease import CacheStats, ShardLease
 from shardstream.client.cache.private_paths import FILE_MODE, write_private
 from shardstream.client.cache.space import CacheSpace
@@ -151,6 +153,11 @@ class ShardCache:
     def root(self) -> Path:
         """The cache directory."""
         return self._layout.root
+
+    @property
+    def layout(self) -> CacheLayout:
+        """Where the cache keeps its files (what the read path asks, instead of globbing)."""
+        return self._layout
 
     @property
     def limit_bytes(self) -> int | None:
@@ -335,7 +342,7 @@ class ShardCache:
                 self._warn_over_limit(key, size)
             fd = -1
             try:
-                target = res.tmp_dir / leaf_name(key)
+                target = CacheLayout.download_file(res.tmp_dir, key)
                 vouched = fetch(target) is True
                 fd, st = _pin_new(target, key, size)
                 os.fchmod(fd, FILE_MODE)  # whatever the fetch (or the umask) made it

@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardstream.client.cache.filelock import lock_path, try_evict_lock, unlink_and_close
-from shardstream.client.cache.keys import MARKER_SUFFIX, CacheLayout, TmpEntry, parse_tmp_name
+from shardstream.client.cache.keys import MARKER_SUFFIX, TmpEntry, parse_tmp_name
+from shardstream.client.cache.layout import CacheLayout
 from shardstream.client.cache.private_paths import DIR_MODE, open_private
 
 __all__ = ["CacheSpace", "Enforced", "Reservation", "Survey"]

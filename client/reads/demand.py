@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import glob
 import logging
 import threading
 from collections import OrderedDict
@@ -28,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardstream.client.cache.keys import key_to_name, leaf_name
 from shardstream.client.reads.memory_need import check_memory_need
 from shardstream.client.reads.partial import PartialShard
 from shardstream.client.reads.queue import DEMAND
@@ -98,7 +96,7 @@ class BlockDemand:
                 return None
             partial = self._partial(shard)
             if partial.offer_to is None:  # another process may be downloading it
-                downloads = functools.partial(_downloads, self._cache.root, key)
+                downloads = functools.partial(self._cache.layout.shard_files, key)
                 in_memory = partial.peers  # other processes' early reads of it
                 partial.peers = functools.partial(_both, downloads, in_memory)
                 partial.offer_to = downloads
@@ -264,15 +262,6 @@ class BlockDemand:
         if not ahead:
             memory.now(int(min(batches)))
         return int(max(batches))
-
-
-def _downloads(root: Path, key: str) -> list[Path]:
-    """The node cache's in-flight download files of ``key`` (one per downloading process;
-    the layout is ``tmp/<name>.<size>.<pid>/<leaf>``, :mod:`~shardstream.client.cache.keys`),
-    then its published file once a fill completed (the reader's digest check decides)."""
-    pattern = f"{glob.escape(key_to_name(key))}.*/{glob.escape(leaf_name(key))}"
-    published = root / "data" / key_to_name(key)
-    return [*sorted((root / "tmp").glob(pattern)), published]
 
 
 def _both(first: Callable[[], list[Path]], second: Callable[[], list[Path]] | None) -> list[Path]:

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from shardstream.client.cache.layout import CacheLayout
 from shardstream.client.reads.link import LinkEstimate
 from shardstream.client.reads.ranges import coalesce
 from shardstream.errors import CorruptShardError, HashMismatchError, ShardstreamError
@@ -140,9 +141,9 @@ def offer_to_peers(peers: Sequence[Path], data: bytes | bytearray, start: int) -
     """Write verified bytes this process fetched into the node's in-flight download files
     of the same shard, so that their fills find them there instead of fetching them again
     (identical bytes at the same offsets: harmless wherever the file is by now). A
-    published cache file (``data/``) is never written: its verified marker covers it."""
+    published cache file is never written: its verified marker covers it."""
     for path in peers:
-        if path.parent.name == "data":
+        if CacheLayout.is_published(path):
             continue
         try:
             fd = os.open(path, os.O_WRONLY)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import glob
 import os
 import struct
 import tempfile
@@ -36,7 +35,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from shardstream.client.cache.keys import key_to_name
+from shardstream.client.cache.layout import KeyedFolder
 from shardstream.client.cache.private_paths import open_private, private_folder
 
 __all__ = ["CLAIM_WAIT_S", "BlockClaims", "MemoryPeers"]
@@ -54,20 +53,21 @@ class MemoryPeers:
         base = Path(tempfile.gettempdir()) / f"shardstream-{os.getuid()}"
         self.root = root if root is not None else base / "memory-peers"
         self._pid = os.getpid()
+        self._files = KeyedFolder(self.root)  # <key's name>.<pid> links, <key's name>.claims
         self.shared = _private_dirs(base, self.root) if root is None else _private_dirs(root)
         """Whether the folder is usable: this user's own, not writable by others (else a
         process reads and claims alone, as if no peer existed)."""
 
     def claims(self, key: str) -> BlockClaims | None:
         """The claims file of shard ``key``, shared by the node's processes."""
-        return BlockClaims(self.root / f"{key_to_name(key)}.claims") if self.shared else None
+        return BlockClaims(self._files.file(key, "claims")) if self.shared else None
 
     def register(self, key: str, fd: int) -> Path | None:
         """Announce this process's memory file ``fd`` of shard ``key``; returns the link
         (``None`` where the folder is not usable)."""
         if not self.shared:
             return None
-        link = self.root / f"{key_to_name(key)}.{self._pid}"
+        link = self._files.file(key, str(self._pid))
         try:
             with contextlib.suppress(FileNotFoundError):
                 link.unlink()  # a link left by a dead process that had this pid
@@ -81,15 +81,14 @@ class MemoryPeers:
         if not self.shared:
             return []
         found = []
-        for path in glob.glob(f"{glob.escape(str(self.root / key_to_name(key)))}.*"):
-            pid_text = path.rpartition(".")[2]
+        for path, pid_text in self._files.files(key):
             if not pid_text.isdigit() or int(pid_text) == self._pid:
                 continue
             if not os.path.exists(f"/proc/{pid_text}"):
                 with contextlib.suppress(OSError):
                     os.unlink(path)  # its process is gone
                 continue
-            found.append(Path(path))
+            found.append(path)
         return found
 
     def withdraw(self, key: str, link: Path | None) -> None:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from shardstream.client.cache.filelock import lock_path, unlink_and_close
-from shardstream.client.cache.keys import CacheLayout
+from shardstream.client.cache.layout import CacheLayout
 from shardstream.client.cache.private_paths import write_private
 from shardstream.errors import ConfigError
 from shardstream.mds import FileInfo, MDSIndex, ShardInfo
