@@ -8,7 +8,9 @@ a numpy array, or JSON-like (dict, list, None), which become ``bytes``, ``str``,
 ``float64``, ``ndarray`` and ``json`` columns. A source is an LMDB folder (with
 ``data.mdb``) or a ``.mdb`` file; a value that does not parse is one error naming the
 database and key. A big database is split into key ranges (every N-th key, from one scan
-of the keys alone), read by several workers at once.
+of the keys alone), read by several workers at once. Before liblmdb reads a database its
+pages are checked from Python (:mod:`.lmdb_pages`): a garbled or cut file is one error
+naming the file and the page, never a worker killed by SIGBUS or SIGSEGV.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import itertools
 import json
 import os
 import pickle
-import struct
 from collections.abc import Iterator
 from dataclasses import replace
 from operator import itemgetter
@@ -29,6 +30,13 @@ import numpy as np
 
 from shardstream.errors import InputError
 from shardstream.shard_builder.importers.columnar import BATCH_RECORDS
+from shardstream.shard_builder.importers.lmdb_pages import (
+    MDB_DUPSORT,
+    check,
+    check_size,
+    data_file,
+    newest_meta,
+)
 from shardstream.shard_builder.importers.source import (
     Batch,
     Column,
@@ -42,78 +50,38 @@ VALUE_FORMATS = ("raw", "json", "npy", "pickle")
 
 
 def plan(inputs: tuple[str, ...], option: str = "") -> list[SourceUnit]:
+    """One unit per database, each checked whole (:func:`.lmdb_pages.check`) before
+    liblmdb reads it anywhere."""
     units: list[SourceUnit] = []
     for arg in inputs:
         path = os.path.abspath(arg)
-        data = os.path.join(path, "data.mdb") if os.path.isdir(path) else path
+        data = data_file(path)
         try:
             st = os.stat(data)
         except OSError as exc:
             raise InputError(f"{arg}: not an LMDB database (no {data}: {exc.strerror})") from exc
+        check(path)
         units.append(SourceUnit(path, st.st_size, st.st_mtime_ns))
     return units
 
 
-_META = struct.Struct("<QHHHHIIQQ")  # page header (pgno, pad, flags, lower, upper), meta start
-_META_LAST = struct.Struct("<QQ")  # mm_last_pg, mm_txnid: after the two 48-byte MDB_db records
-_MAGIC, _DB_RECORD = 0xBEEFC0DE, 48
-
-
-def check_size(path: str) -> None:
-    """Refuse a database file shorter than its newest meta page says it is.
-
-    LMDB maps the whole file and touches the pages its B-tree names, up to the meta page's
-    last page number; a page past the end of a cut file is a SIGBUS that kills the process
-    without a word. A meta page LMDB cannot read (not LMDB, another layout) is left to
-    ``lmdb.open``, which reports it.
-    """
-    data = os.path.join(path, "data.mdb") if os.path.isdir(path) else path
-    try:
-        with open(data, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            first = _meta(f, 0)
-            metas = [first, _meta(f, first[0])] if first else []
-    except OSError as exc:
-        raise InputError(f"{data}: cannot read the LMDB database ({exc.strerror})") from exc
-    if not size:
-        raise InputError(f"{data}: empty file, not an LMDB database")
-    good = [m for m in metas if m is not None]
-    if not good:
-        return
-    psize, last, _ = max(good, key=lambda m: m[2])  # LMDB takes the newest meta page
-    need = (last + 1) * psize
-    if size < need:
-        raise InputError(
-            f"{data}: truncated LMDB database: {size} bytes, but its meta page needs {need} "
-            f"({last + 1} pages of {psize} bytes); the file was cut short (copy it again)"
-        )
-
-
-def _meta(f: Any, offset: int) -> tuple[int, int, int] | None:
-    """``(page size, last page, transaction id)`` of the meta page at ``offset``, or ``None``
-    where there is none (a 64-bit little-endian LMDB file, the layout py-lmdb writes)."""
-    f.seek(offset)
-    wanted = _META.size + 2 * _DB_RECORD + _META_LAST.size
-    raw = f.read(wanted)
-    if len(raw) < wanted:
-        return None
-    *_, magic, version, _, _ = _META.unpack_from(raw)
-    # The page size is kept in the free-pages DB's md_pad, the first field after the header.
-    psize = int.from_bytes(raw[_META.size : _META.size + 4], "little")
-    last, txnid = _META_LAST.unpack_from(raw, _META.size + 2 * _DB_RECORD)
-    if magic != _MAGIC or version != 1 or psize < 512 or psize & (psize - 1):
-        return None
-    return psize, last, txnid
-
-
-def _open(path: str) -> Any:
+def _open(unit: SourceUnit) -> Any:
     """The database, read-only, with the kernel's readahead: entries are read in key order,
     and without readahead every 4 KiB page of a cold file is a disk read of its own (a cold
     import of 160 MB took 5.3 s instead of 0.6 s). The key scan of :func:`split` wants it
-    too: LMDB reads the first page of every big value beside its key."""
+    too: LMDB reads the first page of every big value beside its key.
+
+    :func:`plan` checked the whole file; a file changed since is refused rather than
+    handed to liblmdb unchecked (the length is checked again, cheaply, in any case)."""
     import lmdb
 
+    path = unit.path
     check_size(path)
+    if unit.mtime_ns and os.stat(data_file(path)).st_mtime_ns != unit.mtime_ns:
+        raise InputError(
+            f"{data_file(path)}: the LMDB database changed while it was imported (run the "
+            "import again once nothing writes to it)"
+        )
     try:
         return lmdb.open(
             path, readonly=True, lock=False, subdir=os.path.isdir(path), readahead=True
@@ -123,10 +91,15 @@ def _open(path: str) -> Any:
 
 
 def split(unit: SourceUnit, part_bytes: int) -> list[SourceUnit]:
-    """``unit`` as key ranges ``span = (first key, entries)`` of about ``part_bytes`` each."""
+    """``unit`` as key ranges ``span = (first key, entries)`` of about ``part_bytes`` each.
+
+    A main database of sorted duplicates (``MDB_DUPSORT``, written by C programs) stays
+    whole: a range starting inside one key's duplicates would start at its first one."""
     import lmdb
 
-    env = _open(unit.path)
+    if newest_meta(unit.path)[0].main.flags & MDB_DUPSORT:
+        return [unit]
+    env = _open(unit)
     try:
         stat = env.stat()
         entries = int(stat["entries"])
@@ -178,7 +151,7 @@ def _entries(unit: SourceUnit, views: bool = False) -> Iterator[list[tuple[Any, 
     until the next list is read)."""
     import lmdb
 
-    env = _open(unit.path)
+    env = _open(unit)
     try:
         with env.begin(buffers=views) as txn:
             cursor = txn.cursor()
