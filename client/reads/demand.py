@@ -22,7 +22,6 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -95,11 +94,8 @@ class BlockDemand:
             if not self.ranged(shard) or self._cache.contains(key):
                 return None
             partial = self._partial(shard)
-            if partial.offer_to is None:  # another process may be downloading it
-                downloads = functools.partial(self._cache.layout.shard_files, key)
-                in_memory = partial.peers  # other processes' early reads of it
-                partial.peers = functools.partial(_both, downloads, in_memory)
-                partial.offer_to = downloads
+            # Another process may be downloading it: its download files serve blocks too.
+            partial.see_downloads(functools.partial(self._cache.layout.shard_files, key))
             return partial
         return self._partial(shard)
 
@@ -123,7 +119,7 @@ class BlockDemand:
         pieces: set[int] = set()  # shards whose samples this chunk reads by piece
         for (shard, idx), place in zip(groups, places, strict=True):
             if isinstance(place, PartialShard) and self.ranged(shard):
-                place.request_header()  # every header in flight at once, not one after another
+                place.header.request()  # every header in flight at once, not one after another
                 if (by_piece or shard in self._piece_shards) and place.request_pieces(idx):
                     pieces.add(shard)  # its blocks are requested once the chunk is out
         for (shard, idx), where in zip(groups, places, strict=True):
@@ -133,7 +129,7 @@ class BlockDemand:
                 if self._cache is None and not self.ranged(shard):
                     continue  # whole-shard fallback: loaded by prefetch
                 try:
-                    blocks = where.blocks_for(idx)
+                    blocks = where.header.blocks_for(idx)
                 except Exception as exc:  # raised again, with context, by need()
                     log.debug("look-ahead for shard %d: %s", shard, exc)
                     continue
@@ -160,7 +156,7 @@ class BlockDemand:
         pieces: set[int] = set()  # shards whose samples this chunk reads by piece
         for (shard, idx), place in zip(groups, places, strict=True):
             if isinstance(place, PartialShard) and self.ranged(shard):
-                place.request_header()  # every header in flight at once, not one after another
+                place.header.request()  # every header in flight at once, not one after another
                 if (by_piece or shard in self._piece_shards) and place.request_pieces(idx):
                     pieces.add(shard)
         waiting: list[tuple[int, PartialShard, np.ndarray[Any, Any], np.ndarray[Any, Any]]] = []
@@ -172,7 +168,7 @@ class BlockDemand:
                     self._load_whole(shard, where)
                     readers[shard] = where.reader()
                     continue
-                blocks = where.blocks_for(idx)
+                blocks = where.header.blocks_for(idx)
                 if self._memory is not None and self._cache is None:
                     self._memory.touch(where, blocks, tick)  # never evicted under this chunk
                 if shard not in pieces:  # pieces go alone: blocks would share the link
@@ -185,10 +181,10 @@ class BlockDemand:
                 continue  # the header's own offsets chose the pieces
             where.wait(blocks)
             readers[shard] = where.reader()
-            if where.index_offsets_differ():
+            if where.header.index_offsets_differ():
                 # Blocks chosen from the index's offsets before the header came: the
                 # header's own offsets decide what this chunk really needs.
-                extra = np.setdiff1d(where.blocks_for(idx), blocks)
+                extra = np.setdiff1d(where.header.blocks_for(idx), blocks)
                 if extra.size:
                     where.request(extra)
                     where.wait(extra)
@@ -262,11 +258,6 @@ class BlockDemand:
         if not ahead:
             memory.now(int(min(batches)))
         return int(max(batches))
-
-
-def _both(first: Callable[[], list[Path]], second: Callable[[], list[Path]] | None) -> list[Path]:
-    """The files of ``first`` then those of ``second``."""
-    return [*first(), *(second() if second is not None else [])]
 
 
 def _by_shard(

@@ -21,11 +21,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from shardstream.client.cache.private_paths import open_private
 from shardstream.client.reads.memory import block_size_of, check_budget
-from shardstream.client.reads.partial import BlockStats, PartialShard
+from shardstream.client.reads.partial import BlockStats, NodeSharing, PartialShard
 from shardstream.client.reads.queue import FILL
 from shardstream.client.reads.refetch import refetched
 from shardstream.client.sources.source import ResolvedSource
@@ -38,7 +36,7 @@ if TYPE_CHECKING:
     from shardstream.client.reads.peers import MemoryPeers
     from shardstream.client.reads.queue import RangeQueue
 
-__all__ = ["ShardFills", "adopt", "fetch_shard", "source_connections"]
+__all__ = ["ShardFills", "fetch_shard", "source_connections"]
 
 
 def fetch_shard(source: ResolvedSource, shard: int, dest: Path) -> bool:
@@ -99,6 +97,18 @@ class ShardFills:
             info = source.shards[local]
             fd = open_private(target, os.O_RDWR | os.O_EXCL)
             block = block_size_of(info)
+            early = self._memory.get(shard) if self._memory is not None else None
+            # Blocks still on their way into memory here or in another process of the node
+            # are waited for (the claims) and copied, not fetched again; other processes
+            # of the node add blocks to this file (node_shared).
+            node_key = source.cache_key(local)
+            peers = self._peers
+            own = [target] + ([early.path] if early is not None else [])
+            sharing = NodeSharing(
+                peers=lambda: [*own, *peers.others(node_key)],
+                claims=peers.claims(node_key),
+                node_shared=True,
+            )
             partial = PartialShard(
                 info=info,
                 key=source.keys[local],
@@ -109,19 +119,11 @@ class ShardFills:
                 block_size=block,
                 range_blocks=max(1, self._options.range_bytes // block),
                 stats=self.stats,
+                sharing=sharing,
+                bulk=True,  # every block is fetched: the look-ahead reads long ranges
             )
-            partial.node_shared = True  # other processes of the node add blocks to it
-            partial.bulk = True  # every block is fetched: the look-ahead reads long ranges
-            early = self._memory.get(shard) if self._memory is not None else None
             if early is not None:
-                adopt(partial, early)  # blocks read before this fill started: not twice
-            # Blocks still on their way into memory here or in another process of the node
-            # are waited for (the claims) and copied, not fetched again.
-            node_key = source.cache_key(local)
-            peers = self._peers
-            own = [target] + ([early.path] if early is not None else [])
-            partial.peers = lambda: [*own, *peers.others(node_key)]
-            partial.claims = peers.claims(node_key)
+                partial.adopt(early)  # blocks read before this fill started: not twice
             with self._lock:
                 self._filling[shard] = partial
             if started is not None:
@@ -160,11 +162,13 @@ class ShardFills:
 
     def _load_whole(self, shard: int, partial: PartialShard) -> None:
         memory = self._memory_get()
-        with partial.whole_lock:
-            if not partial.complete():
-                check_budget(self._options.memory_budget_bytes, partial.info)
-                memory.make_room(partial.info.raw_data.bytes)
-                memory.load_whole(partial, partial.info.compression)
+
+        def load() -> None:
+            check_budget(self._options.memory_budget_bytes, partial.info)
+            memory.make_room(partial.info.raw_data.bytes)
+            memory.load_whole(partial, partial.info.compression)
+
+        partial.load_once(load)
 
     def _partial(self, shard: int) -> PartialShard:
         source, local = self.locate(shard)
@@ -183,22 +187,3 @@ def source_connections(sources: Sequence[ResolvedSource]) -> int:
     for source in sources:
         best = max(best, source.store().capabilities.max_connections)
     return best
-
-
-def adopt(target: PartialShard, early: PartialShard) -> None:
-    """Copy the blocks ``early`` holds into ``target`` (same shard, same block size), and
-    its header where it read one."""
-    if early.block_size != target.block_size:
-        return
-    head = early.info.header_digest
-    with early._cond:
-        if head is not None and early.has_reader() and early.fd >= 0:
-            target.adopted_header = os.pread(early.fd, head.length, 0)  # checked on use
-        present = np.flatnonzero(early.state == 2)
-        for block in present.tolist():
-            start = block * early.block_size
-            length = min(early.block_size, early.size - start)
-            data = os.pread(early.fd, length, start) if early.fd >= 0 else b""
-            if len(data) == length:
-                os.pwrite(target.fd, data, start)
-                target.state[block] = 2

@@ -21,7 +21,6 @@ that use them, so blocks wanted by batches not yet built are never evicted.
 from __future__ import annotations
 
 import functools
-import io
 import logging
 import os
 import threading
@@ -30,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from shardstream.client.reads.partial import PRESENT, BlockStats, PartialShard
+from shardstream.client.reads.partial import BlockStats, NodeSharing, PartialShard
 from shardstream.client.reads.peers import MemoryPeers
 from shardstream.client.reads.queue import RangeQueue
 from shardstream.client.reads.ranges import DEFAULT_BLOCK_BYTES
@@ -71,6 +70,8 @@ class MemoryShards:
         self._stats = stats
         self._lock = threading.Lock()
         self._shards: dict[int, PartialShard] = {}
+        self._uses: dict[PartialShard, npt.NDArray[np.int64]] = {}
+        """The last batch (or tick) that uses each block of a held partial."""
         self._tick = 0
         self._last: dict[int, int] = {}
         """The last batch that reads each shard (from the plan), once the stream told."""
@@ -91,6 +92,11 @@ class MemoryShards:
                 return partial
             fd = os.memfd_create(f"shardstream-{shard}", os.MFD_CLOEXEC)
             block = block_size_of(info)
+            sharing = NodeSharing()
+            if self._peers is not None:  # the node's other processes read what we fetched
+                self._links[shard] = (node_key, self._peers.register(node_key, fd))
+                peers = functools.partial(self._peers.others, node_key)
+                sharing = NodeSharing(peers=peers, claims=self._peers.claims(node_key))
             partial = PartialShard(
                 info=info,
                 key=key,
@@ -101,12 +107,10 @@ class MemoryShards:
                 block_size=block,
                 range_blocks=max(1, self._range_bytes // block),
                 stats=self._stats,
+                sharing=sharing,
             )
-            if self._peers is not None:  # the node's other processes read what we fetched
-                self._links[shard] = (node_key, self._peers.register(node_key, fd))
-                partial.peers = functools.partial(self._peers.others, node_key)
-                partial.claims = self._peers.claims(node_key)
             self._shards[shard] = partial
+            self._uses[partial] = np.zeros(partial.num_blocks, dtype=np.int64)
             return partial
 
     def load_whole(self, partial: PartialShard, compression: str | None) -> None:
@@ -125,16 +129,7 @@ class MemoryShards:
             return data
 
         packed = refetched(partial.key, download)  # a flipped byte on the way: again
-        if compression is not None:
-            from shardstream.mds._compression import _copy_decompressed, compression_extension
-
-            with open(partial.path, "r+b") as out:
-                _copy_decompressed(compression_extension(compression), io.BytesIO(packed), out)
-        else:
-            os.pwrite(partial.fd, packed, 0)
-        with partial._cond:
-            partial.state[:] = PRESENT
-            partial._cond.notify_all()
+        partial.write_whole(packed, compression)
 
     def tick(self) -> int:
         """Advance the use clock (once per chunk of batches); returns the new time."""
@@ -148,8 +143,8 @@ class MemoryShards:
         with self._lock:
             self._last = dict(last)
             self._tick = 0
-            for partial in self._shards.values():
-                partial.last_use[:] = 0
+            for uses in self._uses.values():
+                uses[:] = 0
 
     def now(self, batch: int) -> None:
         """Set the use clock to ``batch`` (the first batch of the chunk being built):
@@ -162,10 +157,12 @@ class MemoryShards:
         with self._lock:
             done = [s for s, p in self._shards.items() if self._last.get(s, -1) < self._tick]
             partials = [self._shards.pop(s) for s in done]
+            for partial in partials:
+                self._uses.pop(partial, None)
         freed = 0
         for shard, partial in zip(done, partials, strict=True):
             self._withdraw(shard)
-            freed += partial.evict(np.flatnonzero(partial.state == PRESENT))
+            freed += partial.evict(partial.present_blocks())
             partial.retire()
         return freed
 
@@ -176,13 +173,16 @@ class MemoryShards:
 
     def touch(self, partial: PartialShard, blocks: npt.NDArray[np.int64], when: int) -> None:
         """Record that ``blocks`` are used at ``when`` (now, or a look-ahead chunk's time)."""
-        np.maximum.at(partial.last_use, blocks, when)
+        uses = self._uses.get(partial)
+        if uses is not None:  # else dropped meanwhile: nothing left to keep
+            np.maximum.at(uses, blocks, when)
 
     def make_room(self, incoming: int) -> None:
         """Evict unwanted blocks (least recently used first) so that ``incoming`` more bytes
         fit the budget; when nothing more can go, continue over it and warn once."""
         with self._lock:
             shards = list(self._shards.values())
+            uses = dict(self._uses)
         used = sum(p.present_bytes() for p in shards)
         excess = used + incoming - self._budget
         if excess <= 0:
@@ -193,13 +193,14 @@ class MemoryShards:
                 return
             with self._lock:
                 shards = list(self._shards.values())
+                uses = dict(self._uses)
         candidates: list[tuple[int, int, PartialShard]] = []
         for p in shards:
-            present = np.flatnonzero(p.state == PRESENT)
-            if p.header_blocks().size:
-                present = np.setdiff1d(present, p.header_blocks(), assume_unique=True)
-            old = present[p.last_use[present] < self._tick]
-            candidates.extend((int(p.last_use[b]), int(b), p) for b in old.tolist())
+            present, last_use = p.present_blocks(), uses[p]
+            if p.header.blocks.size:
+                present = np.setdiff1d(present, p.header.blocks, assume_unique=True)
+            old = present[last_use[present] < self._tick]
+            candidates.extend((int(last_use[b]), int(b), p) for b in old.tolist())
         candidates.sort(key=lambda c: (c[0], c[1]))
         for _, block, p in candidates:
             if excess <= 0:
@@ -219,6 +220,8 @@ class MemoryShards:
         """Forget a shard's partial (its cache entry took over), freeing its memory."""
         with self._lock:
             partial = self._shards.pop(shard, None)
+            if partial is not None:
+                self._uses.pop(partial, None)
             self._withdraw(shard)
         if partial is not None:
             partial.retire()
@@ -227,6 +230,7 @@ class MemoryShards:
         """Free every partial."""
         with self._lock:
             shards, self._shards = list(self._shards.values()), {}
+            self._uses.clear()
             for shard in list(self._links):
                 self._withdraw(shard)
         for partial in shards:

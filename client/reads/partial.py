@@ -2,14 +2,21 @@
 
 :class:`PartialShard` holds one shard's bytes while they arrive: a file of the shard's
 full size (in the cache's private download folder, or an anonymous memory file in
-cacheless mode) and a per-block state (missing, in flight, present). Missing blocks are
-fetched as coalesced ranged reads on the process's :class:`RangeQueue`, each verified
-against the builder's per-block digests before it is marked present, then written in
-place; the shard's :class:`~shardstream.mds.ShardReader` memory-maps the file once its
-header is present, so a batch reads its samples while the rest is still on the way.
+cacheless mode) and the state of each block (:class:`~.blocks.BlockState`: missing, in
+flight, present). Missing blocks are fetched as coalesced ranged reads on the process's
+:class:`RangeQueue`, each verified against the builder's per-block digests before it is
+marked present, then written in place; the shard's :class:`~shardstream.mds.ShardReader`
+memory-maps the file once its header is present (:mod:`.header`), so a batch reads its
+samples while the rest is still on the way. A cold process's first batches read 64 KiB
+pieces instead (:class:`~.pieces.PieceReader`, a component of the partial).
+
+Invariant: the block and piece states, the file and the read jobs change only in this
+class's methods, under its condition ``_cond``; a block is ``PRESENT`` only once its
+(verified) bytes are in the file. Other objects configure a partial when they make it
+(:class:`NodeSharing`) and ask it to act; none takes its lock.
 
 Without per-block digests (older indexes), blocks cannot be verified on arrival; the
-fetcher only builds a ``PartialShard`` for them when the user allowed it
+read path only builds a ``PartialShard`` for them when the user allowed it
 (``CacheOptions.unverified_blocks="verify_on_completion"``), and the whole file is
 checked against its hash once complete.
 """
@@ -18,56 +25,44 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import logging
 import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from shardstream.client.reads.io import (
-    BlockStats,
-    offer_to_peers,
-    punch_hole,
-    pwrite_all,
-    read_header,
-    read_peer_blocks,
-    read_verified,
-)
-from shardstream.client.reads.pieces import PieceReads
-from shardstream.client.reads.queue import DEMAND, RangeQueue
-
-if TYPE_CHECKING:
-    from shardstream.client.reads.peers import BlockClaims
-from shardstream.client.reads.ranges import (
-    blocks_between,
-    blocks_of_samples,
-    coalesce,
-    header_bytes,
-    lengthen,
-    offsets_from_index,
-)
-from shardstream.errors import CorruptShardError, StorageError
+from shardstream.client.reads.blocks import BlockTable
+from shardstream.client.reads.header import ShardHeader
+from shardstream.client.reads.io import BlockStats, punch_hole, pwrite_all
+from shardstream.client.reads.pieces import PieceReader
+from shardstream.client.reads.queue import DEMAND, URGENT, RangeQueue
+from shardstream.client.reads.ranges import coalesce, lengthen
+from shardstream.client.reads.sharing import NodeSharing, read_blocks
+from shardstream.errors import StorageError
 from shardstream.hashing import verify_file
 from shardstream.mds import ShardInfo, ShardReader
 from shardstream.storage import ObjectStore
 
-__all__ = ["IN_FLIGHT", "MISSING", "PRESENT", "BlockStats", "PartialShard"]
+__all__ = ["BULK_MAX_BYTES", "BlockStats", "NodeSharing", "PartialShard"]
 
 log = logging.getLogger(__name__)
 
-MISSING, IN_FLIGHT, PRESENT = 0, 1, 2
+I64 = npt.NDArray[np.int64]
+
+NO_SHARING = NodeSharing()
+"""A partial that neither copies from nor offers to other processes."""
 
 BULK_MAX_BYTES = 64 << 20
 """Longest bulk read (0.75 s at 90 MB/s): a batch whose block is at its end waits for it."""
 
 
-class PartialShard(PieceReads):
+class PartialShard:
     """One shard's file, its block states and the reads that fill it (and, for a cold
-    process's first batches, the pieces read ahead of the blocks: :class:`PieceReads`)."""
+    process's first batches, the pieces read ahead of the blocks: :attr:`pieces`)."""
 
     def __init__(
         self,
@@ -81,6 +76,8 @@ class PartialShard(PieceReads):
         block_size: int,
         range_blocks: int,
         stats: BlockStats,
+        sharing: NodeSharing = NO_SHARING,
+        bulk: bool = False,
     ) -> None:
         self.info, self.key, self.store = info, key, store
         self.fd, self.path = fd, path
@@ -89,72 +86,59 @@ class PartialShard(PieceReads):
         self.num_blocks = max(-(-self.size // block_size), 1)
         self._queue = queue
         self._range_blocks = range_blocks
-        self._stats = stats
+        self.stats = stats
+        """The read path's counters (requests, bytes, the link estimate)."""
         self._digests = info.block_digests if hasattr(info, "block_digests") else None
-        self.state = np.zeros(self.num_blocks, dtype=np.int8)
-        self.last_use = np.zeros(self.num_blocks, dtype=np.int64)
-        self.owner = np.full(self.num_blocks, -1, dtype=np.int64)
-        """The read job each in-flight block belongs to."""
+        self.sharing = sharing
+        self.bulk = bulk
+        """Whether this process fetches every block of the shard (its cache fill): then
+        look-ahead and fill reads are long ranges sized to the link (:meth:`bulk_blocks`)."""
+        self._blocks = BlockTable(self.num_blocks)
+        self._owner = np.full(self.num_blocks, -1, dtype=np.int64)  # read job of in-flight blocks
         self._jobs = 0
         self._queued: dict[int, int] = {}  # read jobs submitted and not started: priority
         self._cond = threading.Condition()
         self._error: BaseException | None = None
-        self._reader: ShardReader | None = None
-        self._index_offsets: npt.NDArray[np.int64] | Literal[False] | None = None
-        self._offsets_differ: bool | None = None
-        self._header_blocks = np.empty(0, dtype=np.int64)
-        self._reader_lock = threading.Lock()
-        self.whole_lock = threading.Lock()
-        """Held while the shard is read whole (one whole read, whoever asks first)."""
-        self.peers: Callable[[], list[Path]] | None = None
-        """Download files of this shard by other processes of the node (cache mode)."""
-        self.claims: BlockClaims | None = None
-        """Node-wide locks over this shard's blocks: a block another process is fetching
-        is waited for and copied from its file, not fetched again."""
-        self.offer_to: Callable[[], list[Path]] | None = None
-        """The node cache's download files of this shard, into which blocks fetched here
-        are also written (never another process's memory)."""
-        self.node_shared = False
-        """Whether this is the node cache's download file, where other processes of the
-        node write verified blocks they fetched (a fill looks there before fetching)."""
-        self.adopted_header: bytes | None = None
-        """The header's bytes, read earlier by this process's memory copy of the shard (a
-        fill that starts after a first batch need not fetch them again)."""
-        self.bulk = False
-        """Whether this process fetches every block of the shard (its cache fill): then
-        look-ahead and fill reads are long ranges sized to the link (:meth:`bulk_blocks`)."""
-        self._header_queued = False  # a header read is queued or running
-        self._busy = 0  # runs in flight and threads waiting: the file stays open for them
+        self._whole_lock = threading.Lock()  # one whole read, whoever asks first
         self._retired = False
-        self._init_pieces(
-            info.piece_spec if self._digests is not None and info.header_digest else None
+        spec = info.piece_spec if self._digests is not None and info.header_digest else None
+        self.pieces = PieceReader(
+            spec, size=self.size, block_size=block_size, range_blocks=range_blocks
         )
+        self.header = ShardHeader(self)
         os.ftruncate(fd, self.size)
 
     @property
-    def verified_blocks(self) -> bool:
-        """Whether each block is checked against a digest on arrival."""
+    def verified_on_arrival(self) -> bool:
+        """Whether every block is checked against its digest before it is marked present
+        (the index has block digests): a complete file then holds verified bytes only."""
         return self._digests is not None
 
     def present_bytes(self) -> int:
         """Bytes of the blocks present or on the way (what the file holds in memory or on
         disk once the reads in flight land)."""
-        held = self.state != MISSING
+        held = ~self._blocks.missing()
         tail = self.size - (self.num_blocks - 1) * self.block_size
         return int(np.count_nonzero(held)) * self.block_size - (
             self.block_size - tail if held[-1] else 0
         )
 
-    def missing_bytes(self, blocks: npt.NDArray[np.int64]) -> int:
+    def missing_bytes(self, blocks: I64) -> int:
         """Bytes of ``blocks`` that are neither present nor on the way (what fetching them
         adds to memory)."""
-        return int(np.count_nonzero(self.state[blocks] == MISSING)) * self.block_size
+        return int(np.count_nonzero(self._blocks.missing(blocks))) * self.block_size
+
+    def present_blocks(self) -> I64:
+        """The blocks in the file now."""
+        return self._blocks.present_ids()
+
+    def complete(self) -> bool:
+        """Whether every block is present."""
+        return self._blocks.all_present()
 
     # -- requesting and waiting -----------------------------------------------------------
 
-    def request(
-        self, blocks: npt.NDArray[np.int64], priority: int = DEMAND, *, bulk: bool = False
-    ) -> None:
+    def request(self, blocks: I64, priority: int = DEMAND, *, bulk: bool = False) -> None:
         """Start fetching the missing ones of ``blocks`` (sorted, unique).
 
         A batch's request also takes over the background reads (fill) that hold its blocks
@@ -167,32 +151,30 @@ class PartialShard(PieceReads):
         with self._cond:
             if self._error is not None:
                 return
-            take = self.state[blocks] == MISSING
-            todo = blocks[take]
+            todo = blocks[self._blocks.missing(blocks)]
             behind = [job for job, p in self._queued.items() if p > priority]
             if priority == DEMAND and behind:
                 waiting = np.asarray(behind, dtype=np.int64)
-                late = (self.state[blocks] == IN_FLIGHT) & np.isin(self.owner[blocks], waiting)
+                late = self._blocks.in_flight(blocks) & np.isin(self._owner[blocks], waiting)
                 if late.any():  # whole queued jobs move up: a long range stays one request
-                    jobs_late = np.unique(self.owner[blocks[late]])
+                    jobs_late = np.unique(self._owner[blocks[late]])
                     moved = np.flatnonzero(
-                        (self.state == IN_FLIGHT) & np.isin(self.owner, jobs_late)
+                        self._blocks.in_flight() & np.isin(self._owner, jobs_late)
                     )
                     todo = np.union1d(todo, moved)
                     bulk = True  # the fill's long ranges stay long
-            self.state[todo] = IN_FLIGHT
+            self._blocks.request(todo)
             longest = self.bulk_blocks() if bulk and self.bulk else self._range_blocks
             runs = coalesce(todo, longest)
             if longest > self._range_blocks:
-                free = self.state == MISSING
+                free = self._blocks.missing()
                 runs = lengthen(runs, free, longest)
-                self.state[~free & (self.state == MISSING)] = IN_FLIGHT
+                self._blocks.request(np.flatnonzero(~free))  # the blocks the runs took
             for first, last in runs:
                 job = self._jobs = self._jobs + 1
-                self.owner[first : last + 1] = job
+                self._owner[first : last + 1] = job
                 self._queued[job] = priority
                 jobs.append((first, last, job))
-            self._busy += len(jobs)
         for first, last, job in jobs:
             self._queue.submit(priority, functools.partial(self._fetch, first, last, job))
 
@@ -200,30 +182,24 @@ class PartialShard(PieceReads):
         """Blocks of one bulk read: :data:`~shardstream.client.reads.link.BULK_RTTS` round trips
         of transfer at the measured link, at least ``range_bytes``, at most
         :data:`BULK_MAX_BYTES` (a batch may wait for a whole range)."""
-        longest = self._stats.link.bulk_bytes(self._range_blocks * self.block_size, BULK_MAX_BYTES)
+        longest = self.stats.link.bulk_bytes(self._range_blocks * self.block_size, BULK_MAX_BYTES)
         return max(self._range_blocks, -(-longest // self.block_size))
 
-    def wait(
-        self, blocks: npt.NDArray[np.int64], priority: int = DEMAND, *, bulk: bool = False
-    ) -> None:
+    def wait(self, blocks: I64, priority: int = DEMAND, *, bulk: bool = False) -> None:
         """Fetch ``blocks`` if needed and return once all are present (or raise why not)."""
         self.request(blocks, priority, bulk=bulk)
-        self._wait_until(lambda: bool((self.state[blocks] == PRESENT).all()))
+        self._wait_until(lambda: self._blocks.all_present(blocks))
 
     def _wait_until(self, ready: Callable[[], bool]) -> None:
         """Return once ``ready()`` (called with ``_cond`` held) is true; raises the
         shard's error if it fails first."""
         with self._cond:
-            self._busy += 1
-            try:
-                while True:
-                    if self._error is not None:
-                        raise self._error
-                    if ready():
-                        return
-                    self._cond.wait()
-            finally:
-                self._done_one()
+            while True:
+                if self._error is not None:
+                    raise self._error
+                if ready():
+                    return
+                self._cond.wait()
 
     def wait_all(self, priority: int) -> None:
         """Fetch every missing block at ``priority`` and return once the file is complete.
@@ -233,7 +209,7 @@ class PartialShard(PieceReads):
         """
         while True:
             with self._cond:
-                missing = np.flatnonzero(self.state == MISSING)
+                missing = np.flatnonzero(self._blocks.missing())
             if missing.size == 0:
                 break
             runs = coalesce(missing, self.bulk_blocks() if self.bulk else self._range_blocks)[:2]
@@ -242,15 +218,11 @@ class PartialShard(PieceReads):
         self.wait(np.arange(self.num_blocks, dtype=np.int64))
 
     def fail(self, error: BaseException) -> None:
-        """Wake every waiter with ``error`` (the fetcher is closing, or the shard is bad)."""
+        """Wake every waiter with ``error`` (the read path is closing, or the shard is bad)."""
         with self._cond:
             if self._error is None:
                 self._error = error
             self._cond.notify_all()
-
-    def _done_one(self) -> None:
-        """One run or waiter finished (``_cond`` held)."""
-        self._busy -= 1
 
     def retire(self) -> None:
         """Stop tracking this partial (another copy took over). Threads still using it
@@ -269,188 +241,193 @@ class PartialShard(PieceReads):
                     os.close(self.fd)
                 self.fd = -1
 
+    def close(self) -> None:
+        """Close the file (a reader's mapping stays valid for arrays still using it)."""
+        self.fail(StorageError(f"{self.key}: the reader was closed"))
+        self.close_file()
+
     def _fetch(self, first: int, last: int, job: int) -> None:
-        try:
-            with self._cond:
-                self._queued.pop(job, None)
-                # Blocks a batch's request took over are fetched by that request instead.
-                mine = np.flatnonzero(self.owner[first : last + 1] == job) + first
-            for a, b in coalesce(mine, last - first + 1):  # one request, as submitted
-                self._fetch_run(a, b)
-        finally:
-            with self._cond:
-                self._done_one()
+        with self._cond:
+            self._queued.pop(job, None)
+            # Blocks a batch's request took over are fetched by that request instead.
+            mine = np.flatnonzero(self._owner[first : last + 1] == job) + first
+        for a, b in coalesce(mine, last - first + 1):  # one request, as submitted
+            self._fetch_run(a, b)
 
     def _fetch_run(self, first: int, last: int) -> None:
-        claim = self.claims.hold(first, last) if self.claims is not None else None
+        claims = self.sharing.claims
+        claim = claims.hold(first, last) if claims is not None else None
         try:
             with claim if claim is not None else contextlib.nullcontext():
                 self._fetch_claimed(first, last)
         except BaseException as exc:
             with self._cond:
-                self.state[first : last + 1] = MISSING
+                self._blocks.lose(slice(first, last + 1))
             self.fail(exc)
             return
         with self._cond:
-            self.state[first : last + 1] = PRESENT
+            self._blocks.arrive(slice(first, last + 1))
             self._cond.notify_all()
 
     def _fetch_claimed(self, first: int, last: int) -> None:
-        """Blocks ``first..last``: each from a peer's file where one holds it verified, the
-        rest from the store (coalesced); all written into this shard's file."""
-        pieces: list[tuple[int, bytes | bytearray]] = []
-        missing = np.arange(first, last + 1, dtype=np.int64)
-        if self._digests is not None:  # verified blocks only
-            if self.peers is not None:
-                peers = self.peers()
-            else:  # written here by another process of the node
-                peers = [self.path] if self.node_shared else []
-            if peers:
-                found = read_peer_blocks(
-                    peers, self.info, (first, last), self.block_size, stats=self._stats
-                )
-                pieces = [(b * self.block_size, data) for b, data in found.items()]
-                missing = missing[~np.isin(missing, list(found))]
-        verify = self._digests is not None
-        for a, b in coalesce(missing, last - first + 1):
-            span = (a * self.block_size, min((b + 1) * self.block_size, self.size))
-            data = read_verified(
-                self.store, self.key, self.info, *span, stats=self._stats, verify=verify
-            )
-            if verify and self.offer_to is not None:
-                offer_to_peers(self.offer_to(), data, span[0])
-            pieces.append((span[0], data))
-        with self._cond:  # the file may be closed meanwhile: never write a reused fd
+        """Blocks ``first..last`` into this shard's file (:func:`~.sharing.read_blocks`)."""
+        self.write(read_blocks(self, first, last))
+
+    # -- the file ---------------------------------------------------------------------
+
+    def write(self, pieces: list[tuple[int, bytes | bytearray]]) -> None:
+        """Write ``(offset, bytes)`` pieces into the file; :class:`StorageError` once it
+        is closed (never a reused fd), also for no pieces."""
+        with self._cond:
             if self.fd < 0:
                 raise StorageError(f"{self.key}: the partial shard was closed")
             for offset, data in pieces:
                 pwrite_all(self.fd, data, offset)
 
-    # -- reading --------------------------------------------------------------------------
-
-    def request_header(self) -> None:
-        """Start fetching the header: its own bytes where the index has their digest, else
-        its blocks (the config part guessed at 4 KiB)."""
-        if self._reader is not None:
-            return
-        if self._digests is not None and self.info.header_digest is not None:
-            with self._cond:
-                if self._header_queued:
-                    return
-                self._header_queued = True
-            self._queue.submit(DEMAND, self._open_quietly)
-        else:
-            self.request(self._first_blocks())
-
-    def _open_quietly(self) -> None:
-        """Open the reader ahead of use; a failure is raised again to the reader's caller."""
-        try:
-            self.reader()
-        except Exception as exc:  # reader() is called again where the shard is read
-            log.debug("%s: opening ahead failed: %s", self.key, exc)
-        finally:
-            with self._cond:
-                self._header_queued = False
-
-    def _first_blocks(self) -> npt.NDArray[np.int64]:
-        return blocks_between(
-            self.num_blocks,
-            self.block_size,
-            0,
-            min(header_bytes(self.info.samples) + 4096, self.size),
-        )
-
-    def has_reader(self) -> bool:
-        """Whether the header is here (the reader is open)."""
-        return self._reader is not None
-
-    def reader(self) -> ShardReader:
-        """The shard's reader over this file (fetches the header first if needed)."""
-        if self._reader is not None:
-            return self._reader
-        with self._reader_lock:  # one builder; the others find its reader
-            if self._reader is None:
-                self._reader = self._open_reader()
-        return self._reader
-
-    def _open_reader(self) -> ShardReader:
-        head = self.info.header_digest if self._digests is not None else None
-        if head is not None:  # never waits on the range queue: safe in its threads
-            # The header's own bytes, verified against its digest: a few KiB where block 0
-            # is MBs. Its blocks stay pinned (never evicted) while the shard is open.
-            held, in_file = self.adopted_header, False
-            with self._cond:  # read whole already (a small shard): its own bytes
-                if held is None and self.fd >= 0 and self.complete():
-                    held, in_file = os.pread(self.fd, head.length, 0), True
-            if held is not None:
-                head.verify(held, self.info.raw_data.basename)
-            data = held or read_header(self.store, self.key, self.info, stats=self._stats)
-            self._learn_pieces(data)
-            with self._cond:
-                if self.fd < 0:
-                    raise StorageError(f"{self.key}: the partial shard was closed")
-                if not in_file:
-                    pwrite_all(self.fd, data, 0)
-            self._header_blocks = blocks_between(self.num_blocks, self.block_size, 0, head.length)
-            return ShardReader(self.path, self.info)
-        fixed = header_bytes(self.info.samples)
-        first = self._first_blocks()
-        self._header_blocks = first
-        self.wait(first)
+    def read_at(self, offset: int, length: int) -> bytes:
+        """``length`` bytes of the file at ``offset``; :class:`StorageError` once closed."""
         with self._cond:
             if self.fd < 0:
                 raise StorageError(f"{self.key}: the partial shard was closed")
-            begin = int.from_bytes(os.pread(self.fd, 4, 4), "little")  # offsets[0]
-        if begin > self.size:
-            raise CorruptShardError(
-                f"{self.key}: header says samples start at byte {begin}, past the end of the "
-                f"{self.size}-byte shard"
+            return os.pread(self.fd, length, offset)
+
+    def read_if_complete(self, length: int) -> bytes | None:
+        """The file's first ``length`` bytes if every block is here, else ``None``."""
+        with self._cond:
+            if self.fd >= 0 and self.complete():
+                return os.pread(self.fd, length, 0)
+        return None
+
+    def submit(self, priority: int, job: Callable[[], None]) -> None:
+        """Run ``job`` on the process's range queue at ``priority``."""
+        self._queue.submit(priority, job)
+
+    # -- the header, and reading samples ------------------------------------------------
+
+    def reader(self) -> ShardReader:
+        """The shard's reader over this file (fetches the header first if needed:
+        :class:`~.header.ShardHeader`)."""
+        return self.header.reader()
+
+    # -- pieces -----------------------------------------------------------------------
+
+    def request_pieces(self, local: npt.ArrayLike) -> bool:
+        """Start reading, ahead of any block read, the pieces of samples ``local`` that
+        neither they nor their blocks hold yet; ``False`` if the shard has no pieces."""
+        if not self.pieces.enabled:
+            return False
+        opened = self.header.reader_if_open()
+        offsets = opened.offsets if opened is not None else self.header.index_offsets()
+        if offsets is None:  # variable-size samples: their offsets come with the header
+            self._queue.submit(URGENT, functools.partial(self._pieces_after_header, local))
+        else:
+            self._submit_pieces(self.pieces.of_samples(offsets, local))
+        return True
+
+    def wait_samples(self, local: npt.ArrayLike) -> None:
+        """Return once every byte of samples ``local`` is present, by piece or by block
+        (the caller requested the blocks); raises the shard's error if it fails."""
+        pieces = self.pieces.of_samples(self.reader().offsets, local)  # the header decides
+        self._submit_pieces(pieces)
+        self._wait_until(lambda: self.pieces.ready(pieces, self._blocks))
+
+    def _pieces_after_header(self, local: npt.ArrayLike) -> None:
+        try:
+            offsets = self.reader().offsets
+        except Exception as exc:  # the batch's own wait reports it
+            log.debug("%s: no header for piece reads: %s", self.key, exc)
+            return
+        self._submit_pieces(self.pieces.of_samples(offsets, local))
+
+    def _submit_pieces(self, pieces: I64) -> None:
+        with self._cond:
+            if self._error is not None:
+                return
+            runs = self.pieces.to_read(pieces, self._blocks)
+        for first, last in runs:
+            self._queue.submit(URGENT, functools.partial(self._fetch_pieces, first, last))
+
+    def _fetch_pieces(self, first: int, last: int) -> None:
+        done = False
+        try:
+            self.reader()  # the header, with the piece table
+            offset, data = self.pieces.read(
+                self.store, self.key, self.info, (first, last), stats=self.stats
             )
-        rest = blocks_between(self.num_blocks, self.block_size, 0, max(begin, fixed))
-        self.wait(rest)
-        self._header_blocks = rest
-        return ShardReader(self.path, self.info)
+            with self._cond:  # the file may be closed meanwhile: never write a reused fd
+                if self.fd < 0:
+                    raise StorageError(f"{self.key}: the partial shard was closed")
+                pwrite_all(self.fd, data, offset)
+                self.pieces.states.arrive(slice(first, last + 1))
+            done = True
+        except Exception as exc:  # the batch waits for the blocks instead
+            log.debug("%s: pieces %d-%d: %s; reading their blocks", self.key, first, last, exc)
+        finally:
+            with self._cond:
+                if not done:
+                    self.pieces.states.lose(slice(first, last + 1))
+                self._cond.notify_all()
+        if not done:
+            self.request(self.pieces.blocks_of(first, last))
 
-    def blocks_for(self, local: npt.ArrayLike) -> npt.NDArray[np.int64]:
-        """Blocks holding samples ``local``: from the header's offsets, or before the
-        header is here, from the index alone where that determines them
-        (:meth:`index_offsets`), so a first batch requests its blocks in the same round
-        trip as the headers. Readers check them against the header (``BlockDemand.need``)."""
-        if self._reader is None:
-            offsets = self.index_offsets()
-            if offsets is not None:
-                return blocks_of_samples(offsets, local, self.block_size)
-        return blocks_of_samples(self.reader().offsets, local, self.block_size)
+    # -- whole files, copies, eviction --------------------------------------------------
 
-    def index_offsets(self) -> npt.NDArray[np.int64] | None:
-        """:func:`~shardstream.client.reads.ranges.offsets_from_index` of this shard (once)."""
-        if self._index_offsets is None:
-            found = offsets_from_index(self.info) if self._digests is not None else None
-            self._index_offsets = False if found is None else found
-        return None if self._index_offsets is False else self._index_offsets
+    def load_once(self, load: Callable[[], None]) -> None:
+        """Run ``load`` (a whole read: :meth:`write_whole`) unless the file is complete;
+        one at a time, so whoever asks first reads it and the others find it done."""
+        with self._whole_lock:
+            if not self.complete():
+                load()
 
-    def index_offsets_differ(self) -> bool:
-        """Whether the header (read now) disagrees with the index's offsets, so blocks
-        chosen from those before it came may miss bytes; decided once per shard."""
-        if self._offsets_differ is None:
-            guess = self.index_offsets()
-            same = guess is None or np.array_equal(guess, self.reader().offsets)
-            self._offsets_differ = not same
-        return self._offsets_differ
+    def write_whole(self, packed: bytes, compression: str | None) -> None:
+        """The whole shard's (verified) bytes, compressed as ``compression``: written,
+        every block present."""
+        if compression is not None:
+            from shardstream.mds._compression import _copy_decompressed, compression_extension
 
-    def header_blocks(self) -> npt.NDArray[np.int64]:
-        """Blocks of the header (pinned: never evicted while the shard is open)."""
-        return self._header_blocks
+            with open(self.path, "r+b") as out:
+                _copy_decompressed(compression_extension(compression), io.BytesIO(packed), out)
+        else:
+            os.pwrite(self.fd, packed, 0)
+        with self._cond:
+            self._blocks.arrive(slice(None))
+            self._cond.notify_all()
 
-    def complete(self) -> bool:
-        """Whether every block is present."""
-        return bool((self.state == PRESENT).all())
+    def copy_present(self) -> tuple[bytes | None, list[tuple[int, bytes]]]:
+        """``(header bytes if read, [(block, bytes), ...])`` of what this file holds now."""
+        head = self.info.header_digest
+        header, blocks = None, []
+        with self._cond:
+            if head is not None and self.header.reader_if_open() is not None and self.fd >= 0:
+                header = os.pread(self.fd, head.length, 0)  # checked again on use
+            for block in self._blocks.present_ids().tolist():
+                start = block * self.block_size
+                length = min(self.block_size, self.size - start)
+                data = os.pread(self.fd, length, start) if self.fd >= 0 else b""
+                if len(data) == length:
+                    blocks.append((block, data))
+        return header, blocks
 
-    @property
-    def verified_on_arrival(self) -> bool:
-        """Whether every block is checked against its digest before it is marked present
-        (the index has block digests): a complete file then holds verified bytes only."""
-        return self._digests is not None
+    def adopt(self, early: PartialShard) -> None:
+        """Take the blocks ``early`` (this process's memory copy of the same shard) holds,
+        and its header where it read one: not fetched twice."""
+        if early.block_size != self.block_size:
+            return
+        header, blocks = early.copy_present()
+        with self._cond:
+            if header is not None:
+                self.header.adopt(header)
+            for block, data in blocks:
+                os.pwrite(self.fd, data, block * self.block_size)
+                self._blocks.arrive(np.array([block], dtype=np.int64))
+
+    def see_downloads(self, downloads: Callable[[], list[Path]]) -> None:
+        """Cache mode, before this process's fill started: also copy blocks from the node
+        cache's download files of the shard (``downloads``), and write what is fetched
+        here into them (once per partial)."""
+        with self._cond:
+            if self.sharing.offer_to is None:
+                self.sharing = self.sharing.with_downloads(downloads)
 
     def verify_whole(self) -> None:
         """Check the complete file against the shard's whole-file hash (blocks that were
@@ -458,23 +435,18 @@ class PartialShard(PieceReads):
         if not self.verified_on_arrival and self.info.raw_data.hashes:
             verify_file(self.path, self.info.raw_data.hashes, what=self.key)
 
-    def evict(self, blocks: npt.NDArray[np.int64]) -> int:
+    def evict(self, blocks: I64) -> int:
         """Drop present ``blocks`` from memory (punch holes); returns the bytes freed."""
         freed = 0
         with self._cond:
             for block in blocks.tolist():
-                if self.state[block] != PRESENT or self.fd < 0:
+                if not self._blocks.present(block) or self.fd < 0:
                     continue
                 start = block * self.block_size
                 length = min(self.block_size, self.size - start)
                 punch_hole(self.fd, start, length)
-                self.state[block] = MISSING
-                self.forget_pieces(start, start + length)
+                self._blocks.lose(block)
+                self.pieces.forget(start, start + length)
                 freed += length
-        self._stats.add(bytes_evicted=freed)
+        self.stats.add(bytes_evicted=freed)
         return freed
-
-    def close(self) -> None:
-        """Close the file (a reader's mapping stays valid for arrays still using it)."""
-        self.fail(StorageError(f"{self.key}: the reader was closed"))
-        self.close_file()

@@ -12,6 +12,7 @@ import numpy as np
 from shardstream.client.reads.io import BlockStats
 from shardstream.client.reads.partial import PartialShard
 from shardstream.client.reads.queue import RangeQueue
+from shardstream.client.reads.sharing import NodeSharing
 from shardstream.mds import load_index
 from shardstream.storage import open_store
 from tests.client.reads.test_ranged_reads import BLOCK, _upload, _write
@@ -51,9 +52,11 @@ def test_blocks_in_a_peer_download_are_not_fetched_again(
         block_size=BLOCK,
         range_blocks=1,
         stats=stats,
+        sharing=NodeSharing(
+            peers=lambda: [tmp_path / "tmp" / "gone.mds", peer],
+            offer_to=lambda: [peer],  # a download file: what this process fetches goes in
+        ),
     )
-    partial.peers = lambda: [tmp_path / "tmp" / "gone.mds", peer]
-    partial.offer_to = lambda: [peer]  # a download file: what this process fetches goes in
     try:
         partial.wait(np.arange(partial.num_blocks, dtype=np.int64))
         assert os.pread(fd, len(full) + 1, 0) == full
@@ -91,8 +94,8 @@ def test_a_fill_takes_blocks_other_processes_wrote_into_its_file(
         block_size=BLOCK,
         range_blocks=2,
         stats=stats,
+        sharing=NodeSharing(node_shared=True),
     )
-    partial.node_shared = True
     # Another process wrote blocks 1-3 (verified) into this file; block 5 is garbage.
     with open(target, "r+b") as other:
         other.seek(BLOCK)
