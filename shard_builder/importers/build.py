@@ -30,7 +30,7 @@ from shardstream.mds import ShardInfo, shard_config, write_samples
 from shardstream.shard_builder.config import OutputOptions, _as_tuple, content_options
 from shardstream.shard_builder.importers.formats import FORMATS, get_format
 from shardstream.shard_builder.importers.hf_documents import HfOption
-from shardstream.shard_builder.importers.litdata import DOCUMENTS
+from shardstream.shard_builder.importers.litdata import documents_option
 from shardstream.shard_builder.importers.source import PART_BYTES, SourceUnit
 from shardstream.shard_builder.importers.spool import SPOOL_DIR, clear_spool, spool_folder
 from shardstream.shard_builder.importers.unit import EncodedUnit, UnitTask, encode_unit, schema_of
@@ -54,8 +54,8 @@ class ImportConfig(OutputOptions):
     WebDataset sample's key as the str column ``__key__``. ``split`` chooses the split of
     a Hugging Face DatasetDict folder (``""``: ``train``, said in the result's summary).
     ``documents`` keeps each document of a LitData token folder or each ``input_ids`` row
-    of a Hugging Face dataset as one variable-length sample (ids of Hugging Face rows
-    checked below ``vocab_size``, which also makes them uint16 when it is <= 65,536).
+    of a Hugging Face dataset as one variable-length sample (ids checked below
+    ``vocab_size``, which also makes them uint16 when it is <= 65,536).
 
     Example::
 
@@ -101,10 +101,10 @@ class ImportConfig(OutputOptions):
                 "imports of input_ids (each item or row stays one document, as `build text "
                 "--documents` writes them)"
             )
-        if self.vocab_size is not None and (
-            not self.documents or self.format != "hf" or self.vocab_size < 1
-        ):
-            raise ConfigError("vocab-size applies to hf --documents imports and must be >= 1")
+        if self.vocab_size is not None and (not self.documents or self.vocab_size < 1):
+            raise ConfigError(
+                "vocab-size applies to hf and litdata --documents imports and must be >= 1"
+            )
         if self.value_format != "raw" and self.format != "lmdb":
             raise ConfigError("value-format applies to lmdb imports only")
         if self.part_bytes < 1:
@@ -264,7 +264,11 @@ class ImportKind(BuildKind):
         self._format = fmt = get_format(config.format)
         option = {
             "lmdb": config.value_format,
-            "litdata": DOCUMENTS if config.documents else str(config.seq_len or ""),
+            "litdata": (
+                documents_option(config.vocab_size)
+                if config.documents
+                else str(config.seq_len or "")
+            ),
             "webdataset": "key" if config.keep_key else "",
             "hf": HfOption(config.split, config.documents, config.vocab_size).encode(),
         }.get(config.format, config.split)

@@ -74,8 +74,8 @@ def register(subparsers: Any) -> None:
         "--vocab-size",
         type=int,
         default=None,
-        help="hf --documents: ids must be below it (uint16 storage when <= 65536; "
-        "default: any uint32 id)",
+        help="hf and litdata --documents: ids must be below it (uint16 storage when <= "
+        "65536; default: hf any uint32 id, litdata the ids as they are)",
     )
     _add_output_options(parser)
     parser.set_defaults(handler=_run_import)

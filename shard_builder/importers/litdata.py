@@ -24,8 +24,12 @@ through LitData.
   gives it. Each block becomes a ``tokens`` sample of ``ndarray:<dtype>:N``, the layout
   ``shardstream build text`` writes, so the token path reads it without re-tokenizing.
   With ``--documents`` instead, each item (one ``optimize`` call's token array: a document)
-  becomes one ``tokens`` sample of ``ndarray:<dtype>`` as it is, the layout ``build text
-  --documents`` writes, for readers that pack at read time (``PackOptions``).
+  becomes one ``tokens`` sample of ``ndarray:<dtype>`` as it is, in the documents layout
+  (:mod:`~shardstream.shard_builder.document_layout`, as ``build text --documents`` and
+  ``import hf --documents`` write it), for readers that pack at read time
+  (``PackOptions``); with ``--vocab-size N`` as well, every id must be in ``[0, N)`` (else
+  one error naming the item and the token) and is stored as uint16 when N <= 65,536, else
+  uint32.
 
 A folder is split into item ranges of about ``part_bytes`` (small chunks grouped, big ones
 cut), read by several workers at once; each reads its items by index, as LitData does.
@@ -60,11 +64,25 @@ from shardstream.shard_builder.importers.source import Batch, ImportFormat, Reco
 from shardstream.shard_builder.importers.values import column_of, columns_of
 
 DOCUMENTS = "documents"
-"""The unit option of a token folder imported one document per item (``--documents``)."""
+"""The unit option of a token folder imported one document per item (``--documents``),
+followed by ``|<vocab size>`` where ids are checked against one (``--vocab-size``)."""
+
+
+def documents_option(vocab_size: int | None) -> str:
+    """The unit option of a ``--documents`` import (with ``vocab_size``, if any)."""
+    return f"{DOCUMENTS}|{vocab_size}" if vocab_size else DOCUMENTS
+
+
+def _documents(option: str) -> tuple[bool, int | None]:
+    """Whether ``option`` imports documents, and the vocab size their ids are checked
+    against (``None``: none)."""
+    mark, _, vocab = option.partition("|")
+    return mark == DOCUMENTS, int(vocab) if vocab else None
 
 
 def plan(inputs: tuple[str, ...], option: str = "") -> list[SourceUnit]:
     units = []
+    documents = _documents(option)[0]
     for arg in inputs:
         index = read_index(arg)
         loader = index.config.get("item_loader")
@@ -74,12 +92,12 @@ def plan(inputs: tuple[str, ...], option: str = "") -> list[SourceUnit]:
                 "size; give --seq-len N, the block_size your training reads it with, or "
                 "--documents to keep each item as one document"
             )
-        if option == DOCUMENTS and loader != "TokensLoader":
+        if documents and loader != "TokensLoader":
             raise InputError(
                 f"{arg}: --documents imports LitData token datasets (TokensLoader); this one "
                 f"has items of {loader or 'PyTreeLoader'}"
             )
-        if option == DOCUMENTS and layout_of(index, 0) is None:
+        if documents and layout_of(index, 0) is None:
             raise InputError(
                 f"{arg}: --documents reads uncompressed, unencrypted token chunks only; "
                 "this folder's chunks are not (give --seq-len N to import it through LitData)"
@@ -122,7 +140,7 @@ def split(unit: SourceUnit, part_bytes: int) -> list[SourceUnit]:
 
 def _seq_len(unit: SourceUnit, index: LitIndex) -> int:
     """The token block size (0: general items, or a token folder's items as documents)."""
-    tokens = index.config.get("item_loader") == "TokensLoader" and unit.option != DOCUMENTS
+    tokens = index.config.get("item_loader") == "TokensLoader" and not _documents(unit.option)[0]
     return int(unit.option) if tokens else 0
 
 
@@ -130,7 +148,8 @@ def read(unit: SourceUnit) -> Iterator[Record]:
     index = index_of(unit)
     layout = layout_of(index, _seq_len(unit, index))
     if layout is not None:
-        for batch in litdata_chunks.read_batches(unit.path, index, layout, unit.span):
+        vocab = _documents(unit.option)[1]
+        for batch in litdata_chunks.read_batches(unit.path, index, layout, unit.span, vocab):
             yield from batch.records()
         return
     with _folder(unit, index) as folder:
@@ -147,7 +166,8 @@ def read_batches(unit: SourceUnit) -> Iterator[Batch]:
     index = index_of(unit)
     layout = layout_of(index, _seq_len(unit, index))
     if layout is not None:
-        yield from litdata_chunks.read_batches(unit.path, index, layout, unit.span)
+        vocab = _documents(unit.option)[1]
+        yield from litdata_chunks.read_batches(unit.path, index, layout, unit.span, vocab)
         return
     with _folder(unit, index) as folder:
         for start, items, seq_len in _items(unit, folder):

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from shardstream.errors import HashMismatchError, InputError, ObjectNotFoundError
+from shardstream.shard_builder.document_layout import TOKENS_COLUMN, document_layout
 from shardstream.shard_builder.importers.columnar import BATCH_RECORDS
 from shardstream.shard_builder.importers.litdata_arrow import FOOTER_MAGIC, footer_batches
 from shardstream.shard_builder.importers.litdata_index import (
@@ -50,6 +51,7 @@ from shardstream.shard_builder.importers.litdata_index import (
     flat_dtype,
 )
 from shardstream.shard_builder.importers.source import Batch
+from shardstream.shard_builder.tokenize import token_dtype
 
 READ_BYTES = 16 << 20
 """The most bytes read at once (an item bigger than that is read whole)."""
@@ -57,14 +59,19 @@ _UTF8 = functools.partial(str, encoding="utf-8")
 
 
 def read_batches(
-    path: str, index: LitIndex, layout: Layout, span: tuple[Any, ...]
+    path: str,
+    index: LitIndex,
+    layout: Layout,
+    span: tuple[Any, ...],
+    vocab_size: int | None = None,
 ) -> Iterator[Batch]:
     """Items ``span = (first, end)`` of the folder (``()``: all) as batches, in order;
-    ``path`` names the folder in errors."""
+    ``path`` names the folder in errors. ``vocab_size``: token items read as documents
+    have ids in ``[0, vocab_size)``, stored as its dtype (``None``: as they are)."""
     for c, base, lo, hi in index.pieces(layout.seq_len, span):
         chunk, n = _Chunk(path, index, c, base, lo), int(index.items[c])
         if layout.tokens is not None and not layout.seq_len:
-            yield from _document_batches(chunk, n, lo, hi, layout.tokens)
+            yield from _document_batches(chunk, n, lo, hi, layout.tokens, vocab_size=vocab_size)
         elif layout.tokens is not None:
             yield from _token_batches(chunk, n, lo, hi, layout)
         elif chunk.size >= 12 and bytes(chunk.read(chunk.size - 8, chunk.size, lo)) == FOOTER_MAGIC:
@@ -255,11 +262,17 @@ def _array(view: memoryview, fmt: str, flat: np.dtype[Any] | None) -> np.ndarray
 
 
 def _document_batches(
-    chunk: _Chunk, n: int, lo: int, hi: int, dtype: np.dtype[Any]
+    chunk: _Chunk, n: int, lo: int, hi: int, dtype: np.dtype[Any], *, vocab_size: int | None
 ) -> Iterator[Batch]:
-    """Token items ``lo .. hi - 1`` whole, one ``ndarray:<dtype>`` document each (the
-    offsets table says where each begins); a batch per ``BATCH_RECORDS`` items or
+    """Token items ``lo .. hi - 1`` whole, one document each in the documents layout
+    (:mod:`~shardstream.shard_builder.document_layout`: ``dtype`` ids, or with
+    ``vocab_size`` ids checked to be in ``[0, vocab_size)`` and stored as its dtype); the
+    offsets table says where each begins. A batch per ``BATCH_RECORDS`` items or
     ``READ_BYTES``."""
+    stored = token_dtype(vocab_size) if vocab_size else dtype
+    if vocab_size and dtype.kind not in "iu":
+        raise chunk.error(lo, f"the token ids are {dtype.name}, not integers")
+    encoding = document_layout(TOKENS_COLUMN, stored, masked=False)[TOKENS_COLUMN]
     offsets = _offsets(chunk, n, lo, hi)
     sizes = np.diff(offsets)
     odd = sizes % dtype.itemsize != 0
@@ -277,9 +290,26 @@ def _document_batches(
         data = chunk.read(at, int(offsets[stop - lo]), start)
         cuts = (offsets[start - lo : stop - lo + 1] - at) // dtype.itemsize
         flat: Any = np.frombuffer(data, dtype)
+        if vocab_size:
+            flat = _in_vocab(chunk, start, flat, cuts, vocab_size).astype(stored, copy=False)
         docs = [flat[a:b] for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True)]
-        yield Batch(stop - start, chunk.where(start), {"tokens": (f"ndarray:{dtype.name}", docs)})
+        yield Batch(stop - start, chunk.where(start), {TOKENS_COLUMN: (encoding, docs)})
         start = stop
+
+
+def _in_vocab(chunk: _Chunk, start: int, flat: Any, cuts: Any, vocab_size: int) -> Any:
+    """``flat`` (the tokens of items ``start ..``, item ``k``'s at ``cuts[k]:cuts[k + 1]``),
+    whose ids must all be in ``[0, vocab_size)``: else one error naming the first id outside,
+    its item and its place in the item."""
+    if not flat.size or (int(flat.min()) >= 0 and int(flat.max()) < vocab_size):
+        return flat
+    at = int(((flat < 0) | (flat >= vocab_size)).argmax())
+    k = int(np.searchsorted(cuts, at, side="right")) - 1
+    raise chunk.error(
+        start + k,
+        f"token {at - int(cuts[k])} is {int(flat[at])}, outside the vocabulary "
+        f"[0, {vocab_size}) (--vocab-size)",
+    )
 
 
 def _token_batches(chunk: _Chunk, n: int, lo: int, hi: int, layout: Layout) -> Iterator[Batch]:

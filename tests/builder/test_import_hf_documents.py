@@ -213,9 +213,9 @@ def test_an_empty_document_is_reported_or_skipped(tmp_path: Path) -> None:
 def test_documents_and_vocab_size_apply_where_they_mean_something(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="documents applies to litdata"):
         ImportConfig(format="webdataset", inputs=("x",), documents=True, output="o")
-    with pytest.raises(ConfigError, match="vocab-size applies to hf --documents"):
+    with pytest.raises(ConfigError, match="vocab-size applies to hf and litdata --documents"):
         ImportConfig(format="hf", inputs=("x",), vocab_size=100, output="o")
-    with pytest.raises(ConfigError, match="vocab-size applies to hf --documents"):
+    with pytest.raises(ConfigError, match="vocab-size applies to hf and litdata --documents"):
         ImportConfig(format="hf", inputs=("x",), documents=True, vocab_size=0, output="o")
 
 

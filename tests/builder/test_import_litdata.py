@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from litdata import StreamingDataset, TokensLoader, optimize
 
-from shardstream.errors import InputError
+from shardstream.errors import ConfigError, InputError
 from shardstream.shard_builder.importers import ImportConfig, build_import
 from shardstream.storage import open_store
 from tests.builder.conftest import read_with_ours, read_with_streaming
@@ -126,6 +126,54 @@ def test_token_items_import_as_documents_that_pack_at_read_time(
     )  # fmt: skip
     with pytest.raises(InputError, match="--documents imports LitData token datasets"):
         build_import(general)
+
+
+def _signed_tokens(i: int) -> np.ndarray[Any, Any]:
+    tokens = np.arange(5 + i, dtype=np.int32)
+    if i == 3:
+        tokens[2] = -1  # no token id
+    return tokens
+
+
+@pytest.mark.parametrize("vocab", [65_536, 70_000])
+def test_documents_with_a_vocab_size_are_checked_and_stored_in_its_dtype(
+    written: Path, tmp_path: Path, vocab: int
+) -> None:
+    # As `import hf --documents --vocab-size N`: uint16 up to 65,536 ids, else uint32.
+    config = ImportConfig(
+        format="litdata", inputs=(str(written / "tok"),), documents=True, vocab_size=vocab,
+        part_bytes=300, workers=2, output=str(tmp_path / "out"), **SMALL,
+    )  # fmt: skip
+    dtype = "uint16" if vocab <= 65_536 else "uint32"
+    assert build_import(config).columns == {"tokens": f"ndarray:{dtype}"}
+    ours = read_with_ours(tmp_path / "out")
+    assert [s["tokens"].dtype.name for s in ours] == [dtype] * 40
+    assert [s["tokens"].tolist() for s in ours] == [_tokens(i).tolist() for i in range(40)]
+
+
+def test_an_id_outside_the_vocab_is_one_error_naming_item_and_token(
+    written: Path, tmp_path: Path
+) -> None:
+    # Item 0's tokens are 0, 3, 6, ...: token 34 (102) is the first id >= 100.
+    small = ImportConfig(
+        format="litdata", inputs=(str(written / "tok"),), documents=True, vocab_size=100,
+        output=str(tmp_path / "out"), **SMALL,
+    )  # fmt: skip
+    with pytest.raises(InputError, match=r"tok item 0: token 34 is 102, outside the vocabulary"):
+        build_import(small)
+    assert not (tmp_path / "out" / "index.json").exists()
+    # A negative id in a signed token folder, in a later item.
+    optimize(fn=_signed_tokens, inputs=list(range(6)), output_dir=str(tmp_path / "signed"),
+             chunk_size=64, item_loader=TokensLoader(), num_workers=1, verbose=False)  # fmt: skip
+    signed = ImportConfig(
+        format="litdata", inputs=(str(tmp_path / "signed"),), documents=True, vocab_size=1000,
+        output=str(tmp_path / "out2"), **SMALL,
+    )  # fmt: skip
+    with pytest.raises(InputError, match=r"signed item 3: token 2 is -1, outside the vocab"):
+        build_import(signed)
+    # Without --documents the option means nothing: refused, not ignored.
+    with pytest.raises(ConfigError, match="vocab-size applies to hf and litdata --documents"):
+        ImportConfig(format="litdata", inputs=("x",), seq_len=8, vocab_size=100, output="o")
 
 
 def test_an_s3_prefix_imports_like_the_folder(
