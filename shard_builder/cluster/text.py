@@ -30,14 +30,16 @@ from shardstream.shard_builder.cluster.dataset import (
     text_source,
     text_url_source,
 )
+from shardstream.shard_builder.cluster.documents import drive_documents
 from shardstream.shard_builder.cluster.driver import ActorDriver
 from shardstream.shard_builder.cluster.pool import WorkerPool, build_on_pool
 from shardstream.shard_builder.cluster.worker import BlockTask, TokenCount, TokenShard
 from shardstream.shard_builder.config import TextBuildConfig
+from shardstream.shard_builder.documents import DocumentKind
 from shardstream.shard_builder.packing import ShardCut, StreamCutter
 from shardstream.shard_builder.pipeline import BuildRun
 from shardstream.shard_builder.result import BuildResult
-from shardstream.shard_builder.text import TextKind
+from shardstream.shard_builder.text import TextKind, text_kind
 
 
 def build_text_on_ray(
@@ -47,12 +49,14 @@ def build_text_on_ray(
     dataset: Any = None,
     lineage: list[dict[str, Any]] | None = None,
 ) -> BuildResult:
-    """:func:`~shardstream.shard_builder.build_text` with Ray workers: byte-identical output.
+    """:func:`~shardstream.shard_builder.build_text` with Ray workers: byte-identical output
+    (with ``config.documents`` too: one sample per document, see :mod:`.documents`).
 
     The inputs are ``config.inputs`` (paths every node can read, or ``s3://`` URLs, which
     Ray Data reads), or ``dataset``: a ``ray.data.Dataset`` with a ``config.field`` text
     column, whose rows are the documents in order (``config.inputs`` then only names it;
-    ``lineage`` describes its source for the fingerprint and ``shardstream.json``).
+    ``lineage`` describes its source for the fingerprint and ``shardstream.json``; not
+    with ``config.documents``, whose inputs are files, a :class:`ConfigError` otherwise).
     ``config.workers`` is ignored; ``ray.workers`` (default: every CPU of the cluster) sets
     the number of worker actors. The result's ``workers`` holds each actor's numbers.
 
@@ -63,24 +67,30 @@ def build_text_on_ray(
             RayOptions(address="auto"),
         )
     """
-    if config.documents:
+    url_inputs = any(is_url(name) for name in config.inputs)
+    if config.documents and (dataset is not None or url_inputs):
         raise ConfigError(
-            "--documents builds run locally for now (leave out --ray); the Ray builder "
-            "writes fixed-length token sequences"
+            "--documents on Ray reads input files every node can read (a shared file "
+            "system), as the local build does; s3:// inputs and Ray datasets are read for "
+            "fixed-length builds only: copy the files to a shared path, or leave out "
+            "--documents"
         )
     options = ray or RayOptions()
     with ray_session(options) as ray_module:
         source = None
         if dataset is not None:
             source = text_source(ray_module, dataset, config, lineage)
-        elif any(is_url(name) for name in config.inputs):
+        elif url_inputs:
             source = text_url_source(ray_module, config)
 
-        return build_on_pool(ray_module, config, options, lambda: TextKind(config, source), _drive)
+        return build_on_pool(ray_module, config, options, lambda: text_kind(config, source), _drive)
 
 
 def _drive(kind: TextKind, run: BuildRun, pool: WorkerPool) -> None:
-    _TextDriver(kind, run, pool).drive()
+    if isinstance(kind, DocumentKind):
+        drive_documents(kind, run, pool)  # --documents: one sample per document
+    else:
+        _TextDriver(kind, run, pool).drive()
 
 
 class _TextDriver(ActorDriver):

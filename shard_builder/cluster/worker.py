@@ -1,6 +1,7 @@
 """The build worker: one Ray actor per CPU, doing every step but the bookkeeping.
 
-An actor tokenizes (or checks images of) chunks with the local builder's own functions,
+An actor tokenizes (or encodes documents of, or checks images of) chunks with the local
+builder's own functions,
 keeping the tokenizer loaded for its lifetime; the results stay in the Ray object store of
 its node and only their counts go to the driver. Asked to write a shard, it gathers that
 shard's pieces (from its own node or another), writes the file with the MDS codec and
@@ -30,6 +31,7 @@ from shardstream.errors import InputError
 from shardstream.mds import ShardInfo, write_shard, write_shard_arrays
 from shardstream.shard_builder.cluster.dataset import block_items
 from shardstream.shard_builder.config import OutputOptions
+from shardstream.shard_builder.documents import DocumentSizes, DocumentTask, encode_documents
 from shardstream.shard_builder.images import CheckedImages, ImageTask, process_chunk
 from shardstream.shard_builder.journal import JOURNAL_DIR, record_done, shard_key
 from shardstream.shard_builder.packing import Piece, gather
@@ -86,8 +88,8 @@ class TokenShard:
 
 @dataclass(frozen=True)
 class SampleShard:
-    """An image shard to write: its position, the ``(start, end)`` range of each sample list
-    it takes, its columns, and its journal entry's ``state``."""
+    """An image or document shard to write: its position, the ``(start, end)`` range of
+    each sample list it takes, its columns, and its journal entry's ``state``."""
 
     position: int
     ranges: tuple[tuple[int, int], ...]
@@ -141,7 +143,8 @@ class WorkerOutput:
 
 
 class BuildWorker:
-    """A Ray actor (see :mod:`.pool`) that tokenizes, checks images and writes shards."""
+    """A Ray actor (see :mod:`.pool`) that tokenizes, encodes documents, checks images and
+    writes shards."""
 
     def __init__(self, output: str, options: OutputOptions) -> None:
         self._out = WorkerOutput(output)
@@ -191,6 +194,15 @@ class BuildWorker:
         tokens = np.concatenate(parts) if parts else np.empty(0, task.dtype)
         self._account(started, chunks=1, items=len(docs), input_bytes=task.nbytes)
         return TokenCount(len(tokens), len(docs)), tokens
+
+    def encode_documents(self, task: DocumentTask) -> tuple[DocumentSizes, list[bytes]]:
+        """Tokenize one chunk's documents and encode each as a sample: their sizes and
+        tokens (for the driver's cut) and the samples (stay here, for ``write_samples``)."""
+        started = time.perf_counter()
+        encoded = encode_documents(task)
+        docs = len(encoded.samples)
+        self._account(started, chunks=1, items=docs, input_bytes=task.chunk.nbytes)
+        return encoded.sizes(), encoded.samples
 
     def check_images(self, task: ImageTask) -> tuple[ImageCount, list[bytes]]:
         """Check one chunk of images: numbers, sizes and bad images; the samples stay here."""
