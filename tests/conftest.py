@@ -3,6 +3,9 @@
 Each fixture module under ``tests/fixtures`` starts one real component: moto's S3 server
 on loopback (``s3``), a PostgreSQL test database (``postgres``), a live shardstream
 server under uvicorn (``server``), a two-node Ray cluster on loopback (``ray_cluster``).
+``fd_guard`` fails a session that ends holding many more open file descriptors than it
+started with, and names the test modules that left them open; ``mosaicml_memory``
+releases the shared memory MosaicML's reader would hold until the process exits.
 """
 
 import pytest
@@ -14,6 +17,8 @@ pytest_plugins = [
     "tests.fixtures.postgres",
     "tests.fixtures.server",
     "tests.fixtures.ray_cluster",
+    "tests.fixtures.fd_guard",
+    "tests.fixtures.mosaicml_memory",
 ]
 
 
