@@ -2,7 +2,8 @@
 
 ``python benchmarks/_cloud_readers.py JSON`` reads one shuffled epoch (or its first
 ``max_batches`` batches) with one library in its documented remote configuration and
-prints one JSON line: seconds to the first batch, samples, seconds. A fresh process per
+prints one JSON line: seconds to the first batch, samples, seconds (and with ``trace``, a
+file of each batch's samples by fingerprint, for the parent's mixing figure). A fresh process per
 run keeps every reader cold (no warm imports, page cache aside) and lets the parent
 measure its CPU time and memory alone. The S3 endpoint comes from the environment
 (``AWS_ENDPOINT_URL`` / ``S3_ENDPOINT_URL``), as each library documents.
@@ -18,6 +19,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 BATCH = 32
 WORKERS = 2
@@ -112,12 +115,65 @@ def _litdata(spec: dict[str, Any]) -> Any:
     return litdata.StreamingDataLoader(ds, batch_size=BATCH, num_workers=WORKERS)
 
 
+def _lance_rows(batch: Any) -> list[dict[str, Any]]:
+    """LanceDB transform: a record batch -> one ``{"tokens": uint16 row}`` per row (as
+    benchmarks/read.py does)."""
+    rows = batch.column("tokens").flatten().to_numpy().reshape(batch.num_rows, -1)
+    return [{"tokens": row} for row in rows]
+
+
+def lance_storage_options() -> dict[str, str]:
+    """Lance's object-store options for the emulator: its endpoint (plain http on
+    loopback) and the test credentials, so that nothing else is asked (no instance
+    metadata service, no region lookup)."""
+    return {
+        "aws_endpoint": os.environ["AWS_ENDPOINT_URL"],
+        "allow_http": "true",
+        "aws_region": os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+        "aws_access_key_id": os.environ["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": os.environ["AWS_SECRET_ACCESS_KEY"],
+    }
+
+
+def _lancedb(spec: dict[str, Any]) -> Any:
+    import lancedb
+    from lancedb.streaming import StreamingDataLoader, StreamingDataset
+
+    # spec["url"]: s3://bucket/folder, the database; the table is "tokens" in it.
+    table = lancedb.connect(spec["url"], storage_options=lance_storage_options()).open_table(
+        "tokens"
+    )
+    ds = StreamingDataset(
+        table, num_splits=WORKERS, shuffle=True, shuffle_seed=0, transform=_lance_rows
+    )
+    if spec["library"] == "lancedb-inline":
+        # No worker processes: the dataset's own pipeline (a thread pool fetching every
+        # split's record batches, another transforming them) in the trainer's process.
+        return StreamingDataLoader(ds, batch_size=BATCH, num_workers=0)
+    # Forked workers segfault in lancedb 0.40 (its runtime warns that fork is experimental);
+    # forkserver is what its warning recommends (as in benchmarks/read.py). The workers
+    # reopen the table from its URI and storage options.
+    return StreamingDataLoader(
+        ds, batch_size=BATCH, num_workers=WORKERS, multiprocessing_context="forkserver"
+    )
+
+
 READERS = {
     "shardstream": _shardstream,
     "mosaic": _mosaic,
     "litdata": _litdata,  # all defaults
     "litdata-decode-all": _litdata,  # batch_decode="all" (see _litdata)
+    "lancedb": _lancedb,  # 2 forkserver workers, as benchmarks/read.py
+    "lancedb-inline": _lancedb,  # num_workers=0 (see _lancedb)
 }
+
+
+def fingerprints(tokens: Any) -> np.ndarray[Any, Any]:
+    """One uint64 per sample, its first four tokens: the sample's identity (the rows are
+    random uint16s, so four of them tell ~65k-row datasets' samples apart)."""
+    rows = np.asarray(tokens.numpy() if hasattr(tokens, "numpy") else tokens)[:, :4]
+    rows = rows.astype(np.uint64)
+    return (rows[:, 0] << 48) | (rows[:, 1] << 32) | (rows[:, 2] << 16) | rows[:, 3]
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
@@ -128,11 +184,13 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     first = next(it)
     ttfb = time.perf_counter() - t0
     samples, batches = int(first["tokens"].shape[0]), 1
+    seen = [fingerprints(first["tokens"])]  # for the parent's mixing figure
     if not spec.get("resume"):
         limit = spec.get("max_batches") or 0
         for batch in it:
             samples += int(batch["tokens"].shape[0])
             batches += 1
+            seen.append(fingerprints(batch["tokens"]))
             if batches == limit:
                 break
             if batches % 100 == 0:  # what a reader killed for taking too long had done
@@ -141,6 +199,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     close = getattr(loader, "close", None)
     if close is not None:
         close()
+    if spec.get("trace"):  # each batch's samples, by fingerprint
+        sizes = np.array([len(f) for f in seen])
+        np.savez(spec["trace"], fingerprints=np.concatenate(seen), sizes=sizes)
     return {"ttfb": ttfb, "samples": samples, "seconds": seconds}
 
 
@@ -153,6 +214,8 @@ if __name__ == "__main__":
     imported = {
         "shardstream": ("shardstream.client", "StreamingDataset", "ShardstreamLoader"),
         "mosaic": ("streaming", "StreamingDataset"),
+        "lancedb": ("lancedb.streaming", "StreamingDataset", "StreamingDataLoader"),
+        "lancedb-inline": ("lancedb.streaming", "StreamingDataset", "StreamingDataLoader"),
     }.get(spec["library"], ("litdata", "StreamingDataset", "StreamingDataLoader"))
     for name in ("torch", "numpy", "boto3", imported[0]):
         __import__(name)

@@ -1,4 +1,4 @@
-"""Cold reads from a realistic object store: shardstream beside MosaicML and LitData.
+"""Cold reads from a realistic object store: shardstream beside MosaicML, LitData, LanceDB.
 
 Every reader goes through the cloud emulator (``tests/fixtures/cloud_emulator.py``: moto
 behind 20 ms to first byte, 90 MB/s per TCP connection and 5,500 GET/s per key prefix,
@@ -7,8 +7,11 @@ batch 32, 2 workers, one process per run. Datasets of ``--shards`` shards of eac
 ``--shard-mb`` size. shardstream runs in each ``--modes`` the client supports (a mode
 the client lacks is skipped with a note), MosaicML Streaming and LitData in their
 documented S3 configurations (``S3_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL`` pointed at the
-emulator); then the first batch after resuming at 90%, the same epoch with 5% of
-requests answered 503 SlowDown, and ``--nodes`` nodes (processes with their own caches)
+emulator), LanceDB's ``StreamingDataset`` over the same rows as a table in the emulated
+bucket (``lancedb.connect("s3://...", storage_options={"aws_endpoint": ..., "allow_http":
+"true", ...})``, one fragment per shard; with 2 forkserver workers, and ``lancedb-inline``
+without worker processes); then the first batch after resuming at 90%, the same epoch
+with 5% of requests answered 503 SlowDown, and ``--nodes`` nodes (processes with their own caches)
 reading at once. The first mode also runs with the loader's input figures off
 (``stats=False``), right after the same read with them on, to show what they cost.
 
@@ -17,7 +20,10 @@ reading at once. The first mode also runs with the loader's input figures off
 shardstream reads the shards as our writer wrote them (block digests, piece tables) and as
 MosaicML's ``MDSWriter`` wrote the same rows (``--writers``), each with connection reuse
 (keep-alive, as S3) and without it (``--reuse``: every answer closes its connection, and
-each new connection pays ``--handshake-ms``, TCP and TLS set-up).
+each new connection pays ``--handshake-ms``, TCP and TLS set-up). Every reader's batches
+are traced back to the dataset's shards (each sample by its first tokens): ``shards/batch``
+is the mean number of distinct shards among a batch's samples, a mixing figure that a
+uniform shuffle puts at ``shards x (1 - (1 - 1/shards)^32)``.
 """
 
 from __future__ import annotations
@@ -60,15 +66,34 @@ def _lit_samples(item: tuple[int, int]) -> Any:
         yield {"tokens": row}
 
 
-def build(root: Path, shard_mb: float, shards: int, *, lit_data: bool = True) -> tuple[str, int]:
+def build(
+    root: Path, shard_mb: float, shards: int, *, lit_data: bool = True, lance_db: bool = False
+) -> tuple[str, int]:
     """Write the MDS dataset (read by shardstream and MosaicML), the same rows with
-    MosaicML's own writer (no block digests, no piece tables) and LitData's, once."""
+    MosaicML's own writer (no block digests, no piece tables), LitData's and (``lance_db``)
+    as a LanceDB table, once."""
     limit = int(shard_mb * 1e6)
     per_shard = limit // (SAMPLE_BYTES + 8)
     n = per_shard * shards
     name = f"{shard_mb:g}mb-x{shards}"
     blocks = [(b, min(4096, n - s)) for b, s in enumerate(range(0, n, 4096))]
     mds, lit, theirs = root / f"mds-{name}", root / f"lit-{name}", root / f"mdsm-{name}"
+    lance = root / f"lance-{name}"
+    if lance_db and not (lance / "tokens.lance").exists():
+        import lancedb
+        import pyarrow as pa
+
+        # One fragment (Lance's data file) per shard: the table written a shard at a time.
+        shutil.rmtree(lance, ignore_errors=True)
+        rows = np.concatenate([_rows(*block) for block in blocks])
+        db, table = lancedb.connect(str(lance)), None
+        for first in range(0, n, per_shard):
+            part = rows[first : first + per_shard].reshape(-1)
+            data = pa.table({"tokens": pa.FixedSizeListArray.from_arrays(pa.array(part), TOKENS)})
+            if table is None:
+                table = db.create_table("tokens", data)
+            else:
+                table.add(data)
     if not (theirs / "index.json").exists():
         from streaming import MDSWriter as MosaicWriter
 
@@ -127,12 +152,15 @@ class Moto:
                 time.sleep(0.1)
 
     def upload(self, folder: Path) -> int:
+        """Every file under ``folder`` (sub-folders too: a LanceDB table is a tree), keyed
+        ``folder-name/relative-path``; the bytes uploaded."""
         from boto3.s3.transfer import TransferConfig
 
         total, config = 0, TransferConfig(max_concurrency=4)
-        for path in sorted(folder.iterdir()):
+        for path in sorted(folder.rglob("*")):
             if path.is_file():
-                self.s3.upload_file(str(path), BUCKET, f"{folder.name}/{path.name}", Config=config)
+                key = f"{folder.name}/{path.relative_to(folder).as_posix()}"
+                self.s3.upload_file(str(path), BUCKET, key, Config=config)
                 total += path.stat().st_size
         return total
 
@@ -181,6 +209,7 @@ class Row:
     stats: dict[str, Any]
     emulator_cpu_s: float
     nodes: int = 1
+    mixing: float | None = None  # distinct shards per batch (see Mixing)
 
 
 def run_readers(
@@ -263,9 +292,47 @@ def run_readers(
     )
 
 
+class Mixing:
+    """How well a reader's batches mix the dataset: the mean number of distinct shards
+    (of our writer's, ``per_shard`` consecutive rows each) among a batch's samples, each
+    sample known by its first four tokens (``_cloud_readers.fingerprints``). Every reader
+    reads the same rows, whichever format holds them, so the figure compares readers; a
+    uniform shuffle's expectation is :meth:`uniform`."""
+
+    def __init__(self, n: int, shards: int) -> None:
+        from _cloud_readers import fingerprints
+
+        self.per_shard, self.shards = n // shards, shards
+        blocks = [(b, min(4096, n - s)) for b, s in enumerate(range(0, n, 4096))]
+        keys = np.concatenate([fingerprints(_rows(*block)) for block in blocks])
+        self.order = np.argsort(keys, kind="stable")
+        self.keys = keys[self.order]
+
+    def uniform(self, batch: int = 32) -> float:
+        return float(self.shards * (1 - (1 - 1 / self.shards) ** batch))
+
+    def of(self, traces: list[Path]) -> float | None:
+        """Mean distinct shards per batch over the runs' traces (None: no trace, as from
+        a --baseline checkout's reader, or a sample not in the dataset)."""
+        per_batch: list[int] = []
+        for trace in traces:
+            if not trace.exists():
+                return None
+            with np.load(trace) as saved:
+                fps, sizes = saved["fingerprints"], saved["sizes"]
+            at = np.searchsorted(self.keys, fps).clip(0, len(self.keys) - 1)
+            if not np.array_equal(self.keys[at], fps):
+                return None
+            shard = self.order[at] // self.per_shard
+            for part in np.split(shard, np.cumsum(sizes)[:-1]):
+                per_batch.append(len(np.unique(part)))
+        return float(np.mean(per_batch)) if per_batch else None
+
+
 HEADER = (
     "| dataset | reader | first batch s | samples/s | MB/s | offered MB/s | used | "
-    "fetched / dataset | requests | 503s | peak RSS MB | CPU s/GB | emulator CPU s |"
+    "fetched / dataset | requests | 503s | peak RSS MB | CPU s/GB | emulator CPU s | "
+    "shards/batch |"
 )
 
 
@@ -290,6 +357,7 @@ def format_row(dataset: str, row: Row, dataset_bytes: int, settings: EmulatorSet
         f"{row.rss / 1e6:,.0f}",
         f"{cpu_per_gb:.1f}" if whole else "-",
         f"{row.emulator_cpu_s:.1f}",
+        f"{row.mixing:.1f}" if row.mixing is not None and whole else "-",
     ]
     return "| " + " | ".join(cells) + " |"
 
@@ -301,8 +369,9 @@ def main() -> int:
     parser.add_argument("--modes", default="cache,cacheless,whole-shard")
     parser.add_argument(
         "--peers",
-        default="mosaic,litdata-decode-all,litdata",
-        help="mosaic, litdata (defaults), litdata-decode-all (batch_decode='all')",
+        default="mosaic,litdata-decode-all,litdata,lancedb,lancedb-inline",
+        help="mosaic, litdata (defaults), litdata-decode-all (batch_decode='all'), lancedb "
+        "(2 forkserver workers), lancedb-inline (num_workers=0)",
     )
     parser.add_argument("--nodes", type=int, default=4, help="simulated nodes (0: skip)")
     parser.add_argument("--resume-at", type=float, default=0.9)
@@ -356,11 +425,13 @@ def main() -> int:
     writers = [w for w in args.writers.split(",") if w]
     reuses = [r for r in args.reuse.split(",") if r]
     lit_data = any(p.startswith("litdata") for p in peers)
+    lance_db = any(p.startswith("lancedb") for p in peers)
     t = time.perf_counter()
     datasets = [
-        build(args.dir, float(mb), args.shards, lit_data=lit_data)
+        build(args.dir, float(mb), args.shards, lit_data=lit_data, lance_db=lance_db)
         for mb in args.shard_mb.split(",")
     ]
+    mixing = {name: Mixing(n, args.shards) for name, n in datasets}
     print(f"datasets ready in {time.perf_counter() - t:.1f}s under {args.dir}", flush=True)
 
     creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
@@ -376,6 +447,8 @@ def main() -> int:
                 sizes["mdsm-" + name] = moto.upload(args.dir / f"mdsm-{name}")
             if lit_data:
                 sizes["lit-" + name] = moto.upload(args.dir / f"lit-{name}")
+            if lance_db:
+                sizes["lance-" + name] = moto.upload(args.dir / f"lance-{name}")
         with CloudEmulator(moto.url, settings, mirror_dir=args.dir) as emu:
             emu.warm(BUCKET)  # the emulator serves from its mirror: moto stays out of timing
             env = {
@@ -392,8 +465,10 @@ def main() -> int:
                 for spec in specs:
                     run += 1
                     spec["cache"] = str(work / f"cache-{run}")
+                    spec["trace"] = str(work / f"trace-{run}.npz")
                 try:
                     row = run_readers(specs, env, emu, args.run_timeout)
+                    row.mixing = mixing[name].of([Path(spec["trace"]) for spec in specs])
                 except RuntimeError as exc:  # a peer failing must not hide the others
                     lines.append(f"| {name} | {label} | FAILED: {exc} |")
                     print(lines[-1], flush=True)
@@ -401,6 +476,7 @@ def main() -> int:
                 finally:
                     for spec in specs:
                         shutil.rmtree(spec["cache"], ignore_errors=True)
+                        Path(spec["trace"]).unlink(missing_ok=True)
                 row.label = label
                 lines.append(format_row(name, row, size, settings))
                 print(lines[-1], flush=True)
@@ -435,6 +511,8 @@ def main() -> int:
                     is_lit = peer.startswith("litdata")
                     url = lit if is_lit else mds
                     size = sizes["lit-" + name] if is_lit else sizes[name]
+                    if peer.startswith("lancedb"):  # the database folder; its table "tokens"
+                        url, size = f"s3://{BUCKET}/lance-{name}", sizes["lance-" + name]
                     spec = {"library": peer, "url": url, "max_batches": args.peer_batches}
                     first = f", first {args.peer_batches} batches" if args.peer_batches else ""
                     one(f"{peer} (S3 remote{first}){tag}", name, [spec], size)
@@ -466,7 +544,8 @@ def main() -> int:
         f"\n{args.shards} shards per dataset, {TOKENS} x uint16 tokens per sample, batch 32, "
         f"2 workers, {os.cpu_count()} CPUs; emulator {args.latency_ms:g} ms first byte, "
         f"{args.conn_mbps:g} MB/s per connection, {args.get_rate:g} GET/s per prefix, "
-        f"{handshake_ms:g} ms per new connection"
+        f"{handshake_ms:g} ms per new connection; shards/batch: distinct shards among a "
+        f"batch's 32 samples, {mixing[datasets[0][0]].uniform():.1f} for a uniform shuffle"
     )
     print(HEADER)
     print("|" + " --- |" * HEADER.count(" |"))

@@ -114,7 +114,7 @@ def test_index_startup_opens_the_dataset_every_way() -> None:
 def test_cloud_read_runs_every_reader_through_the_emulator(tmp_path: Path) -> None:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "cloud_read.py"), "--shard-mb", "0.25"]
     cmd += ["--shards", "4", "--nodes", "2", "--modes", "cache,cacheless", "--slowdown", "0.3"]
-    cmd += ["--peers", "mosaic,litdata"]
+    cmd += ["--peers", "mosaic,litdata,lancedb-inline"]
     cmd += ["--dir", str(tmp_path)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=580, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -123,7 +123,7 @@ def test_cloud_read_runs_every_reader_through_the_emulator(tmp_path: Path) -> No
     rows = {cells[1]: cells[2:] for cells in (line.split(" | ") for line in table if line)}
     modes = ["cache"] + (["cacheless"] if "mode 'cacheless' skipped" not in done.stdout else [])
     once = [f"shardstream {m}{who}" for m in modes for who in ("", " (MosaicML-written)")]
-    once += ["mosaic (S3 remote)", "litdata (S3 remote)"]
+    once += ["mosaic (S3 remote)", "litdata (S3 remote)", "lancedb-inline (S3 remote)"]
     expected = once + [f"{label}, no reuse" for label in once]  # --reuse on,off by default
     expected += [f"shardstream {m}, resumed at 90%" for m in modes]
     expected += ["shardstream cache, 30% SlowDown", "shardstream cache, 2 nodes"]
@@ -136,8 +136,10 @@ def test_cloud_read_runs_every_reader_through_the_emulator(tmp_path: Path) -> No
         assert float(first_batch) > 0 and int(requests) > 0, label
         if "resumed" not in label:  # a whole epoch: every byte came through the emulator
             assert float(samples_s) > 0 and float(fetched) >= 0.99, (label, cells)
+            # Every reader's batches were traced to the dataset's 4 shards (shards/batch).
+            assert 1.0 <= float(cells[-1].rstrip(" |")) <= 4.0, (label, cells)
         else:  # one batch: no rates
-            assert samples_s == "-", (label, cells)
+            assert samples_s == "-" and cells[-1].rstrip(" |") == "-", (label, cells)
     # The injected SlowDowns were answered (the emulator's seeded rolls make the 4th request
     # of that run one) and the epoch still completed.
     assert int(rows["shardstream cache, 30% SlowDown"][7]) >= 1
