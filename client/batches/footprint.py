@@ -14,7 +14,7 @@ more are being downloaded into the cache. So::
 ``open_shards`` is a minimum, not a cap: how many shards one chunk reads depends on the
 plan (its mixing window interleaves many shards in every batch, more when shards are
 small), so it is measured on the plan itself: the reader's leases are replayed (the same
-keep-and-release rule as :class:`~shardstream.client.reads.fetch.ShardFetcher`) over the
+keep-and-release rule as :class:`~shardstream.client.reads.leases.ShardLeases`) over the
 chunks of the first :data:`SAMPLED_BATCHES` batches it builds. A cache limit below
 ``bytes per node`` either goes over its limit (pinned shards cannot be evicted) or evicts
 prefetched shards before they are read, which downloads them twice.

@@ -1,11 +1,12 @@
 """One process's view of the epoch: which batches it builds and how.
 
 :class:`BatchStream` ties the pieces together for one rank: the epoch plan (which global
-sample ids make up this rank's share of global batch ``b``), the shard fetcher (prefetch,
-lease, memory-map), and the batch builder (one gather per shard run). It is shared by the
-:class:`~shardstream.client.StreamingDataset` (inside DataLoader workers) and the
-:class:`~shardstream.client.ShardstreamLoader` workers. Processes never talk to each
-other: each derives its batches from the plan alone.
+sample ids make up this rank's share of global batch ``b``), the read path
+(:class:`~shardstream.client.reads.reads.ShardReads`: the shards' bytes, driven by
+``start_pass``, ``want`` and ``need``), and the batch builder (one gather per shard run).
+It is shared by the :class:`~shardstream.client.StreamingDataset` (inside DataLoader
+workers) and the :class:`~shardstream.client.ShardstreamLoader` workers. Processes never
+talk to each other: each derives its batches from the plan alone.
 """
 
 from __future__ import annotations
@@ -30,25 +31,17 @@ from shardstream.client.plan import PLAN_ALGORITHM, MixtureSchedule, PlanConfig,
 from shardstream.client.plan._defaults import adopt_saved, default_shape
 from shardstream.client.plan._fingerprint import plan_fingerprint
 from shardstream.client.plan._scheduled import AnyPlan, check_schedule, make_plan
-from shardstream.client.reads.fetch import ShardFetcher
-from shardstream.client.reads.memory import block_size_of
+from shardstream.client.reads.io import BlockStats
 from shardstream.client.reads.memory_need import window_need_bytes
-from shardstream.client.reads.partial import BlockStats
+from shardstream.client.reads.reads import ReadPass, ShardReads
 from shardstream.client.sources.source import ResolvedSource
 from shardstream.client.state import ReaderState
 from shardstream.errors import ConfigError, PlanError, ResumeError
-from shardstream.mds import ShardInfo, ShardReader
 
 __all__ = ["BatchStream", "BatchTransform"]
 
 MAX_CHUNK = 8
 """Batches built per chunk at most (the plan is evaluated for 8 chunks at a time)."""
-
-FILL_MIN_SHARE = 0.2
-"""The cache fills a ranged shard whole unless this rank's samples of it lie in fewer than
-this share of its blocks: it then reads those blocks by range (a partition boundary inside
-a shard, whose other side another node reads and caches)."""
-
 
 _Chunk = tuple[list[int], np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]
 """A planned chunk of batches: (batch numbers, ids, shard, index in shard)."""
@@ -128,11 +121,11 @@ class BatchStream:
         self._builder = BatchBuilder(
             spec, decode_images=spec.options.decode_images and self.samples is None
         )
-        self._fetcher: ShardFetcher | None = None
-        self._fetcher_pid = -1
+        self._reads: ShardReads | None = None
+        self._reads_pid = -1
         self.read_stats = BlockStats()
         """Ranged-read counters of this process (requests, bytes, corrupt blocks), kept
-        across the fetchers of successive epochs."""
+        across the read paths of successive epochs."""
 
     def _config(self, partitions: int, window: int | None) -> PlanConfig:
         opts = self.options
@@ -235,14 +228,14 @@ class BatchStream:
         """Global batches in ``epoch`` (each rank reads its share of every one)."""
         return int(self.plan(epoch).num_batches)
 
-    def fetcher(self) -> ShardFetcher:
-        """This process's shard fetcher (a fresh one after a fork)."""
-        if self._fetcher is None or self._fetcher_pid != os.getpid():
-            if self._fetcher_pid != os.getpid():
+    def reads(self) -> ShardReads:
+        """This process's read path (a fresh one after a fork)."""
+        if self._reads is None or self._reads_pid != os.getpid():
+            if self._reads_pid != os.getpid():
                 self.read_stats = BlockStats()  # counts of this process only
-            self._fetcher = ShardFetcher(self.sources, self.cache_options, stats=self.read_stats)
-            self._fetcher_pid = os.getpid()
-        return self._fetcher
+            self._reads = ShardReads(self.sources, self.cache_options, stats=self.read_stats)
+            self._reads_pid = os.getpid()
+        return self._reads
 
     def memory_need(self, epoch: int, start: int, step: int = 1) -> int:
         """Bytes the cacheless mode holds at most at once reading ``epoch`` from batch
@@ -281,128 +274,51 @@ class BatchStream:
         a chunk's batches are views of them."""
         plan = self.plan(epoch)
         rank, world = self.topology.rank, self.topology.world_size
-        fetcher = self.fetcher()
-        # The rank's shards in the order it needs them, from the resume point: prefetch
-        # walks this list a few shards ahead of the furthest shard read so far.
-        order = np.asarray(plan.rank_shards(rank, world, start_batch=start), dtype=np.int64)
-        where = {int(s): i for i, s in enumerate(order.tolist())}
-        ahead = self.cache_options.prefetch_shards
-        cursor = -1
-        sparse, by_piece = self._sparse_shards(plan)
-        if not self.cache_options.memory_only:  # shards this rank reads little of: no fill
-            fetcher.read_sparsely(sparse | by_piece)
-        fetcher.read_by_piece(by_piece)
-        if self.cache_options.memory_only:  # refuse a budget that would thrash, before reads
+        reads = self.reads()
+
+        def memory() -> tuple[int, dict[int, int]]:
             shards, _, last = plan.rank_schedule(rank, world, start)
             last_of = dict(zip(shards.tolist(), last.tolist(), strict=True))
-            fetcher.plan_memory(self.memory_need(epoch, start, step), last_of)
-        # Before the first batch, fetch only what it needs: its blocks, whole shards that
-        # cannot be ranged, and (cacheless) headers; background fills start after it.
-        fetcher.prefetch(order[: ahead + 1], fills=False)
+            return self.memory_need(epoch, start, step), last_of
+
+        # The rank's shards in the order it needs them, from the resume point: prefetch
+        # walks this list a few shards ahead of the furthest shard read so far.
+        shards, shares = plan.rank_shard_shares(rank, world)
+        order = plan.rank_shards(rank, world, start_batch=start)
+        reads.start_pass(
+            ReadPass(order=np.asarray(order), shards=shards, shares=shares.tolist(), memory=memory)
+        )
         planned = _planned(plan, rank, world, start, step=step, max_chunk=max_chunk)
         # Chunks planned but not built yet: their samples' blocks are fetched ahead.
         window: deque[_Chunk] = deque()
         queued, first = 0, True
         read_ahead = self.cache_options.read_ahead_batches
         for chunk in planned:
-            fetcher.want(chunk[2], chunk[3], chunk[0])
+            reads.want(chunk[2], chunk[3], chunk[0])
             window.append(chunk)
             queued += len(chunk[0])
             # The first batch is built at once; later ones once the look-ahead is queued.
             while window and (first or queued > read_ahead):
                 built = window.popleft()
                 queued -= len(built[0])
-                cursor, out = self._build(
-                    fetcher, built, order, where, cursor, epoch=epoch, alloc=alloc, fills=not first
-                )
-                if first:
-                    fetcher.prefetch(order[: max(cursor, 0) + ahead + 1])
                 first = False
-                yield out
+                yield self._build(reads, built, epoch=epoch, alloc=alloc)
         while window:
-            cursor, out = self._build(
-                fetcher, window.popleft(), order, where, cursor, epoch=epoch, alloc=alloc
-            )
-            yield out
-
-    def _sparse_shards(self, plan: AnyPlan) -> tuple[set[int], set[int]]:
-        """Shards this rank reads so few samples of that filling them whole would waste
-        the link: ``(read by block, read by piece)``, neither filled.
-
-        A rank's partitions hold whole shards but at their edges (the epoch's tail,
-        uneven shards), where it reads ``k`` samples of a shard another rank reads nearly
-        all of. Those ``k`` samples lie anywhere in the shard, so they touch about
-        ``n (1 - (1 - 1/n)^k)`` of its ``n`` blocks (or pieces). A shard whose ``k`` samples
-        touch under :data:`FILL_MIN_SHARE` of its pieces (a piece table in its header) is
-        read by piece: ~48 samples of a 64 MB shard cost 3 MB, not most of its blocks.
-        Else one whose samples touch under that share of its blocks is read by block."""
-        shards, share = plan.rank_shard_shares(self.topology.rank, self.topology.world_size)
-        sparse, by_piece = set(), set()
-        for shard, part in zip(shards.tolist(), share.tolist(), strict=True):
-            if part >= FILL_MIN_SHARE:
-                continue
-            samples = part * self._shard_samples[shard]
-            pieces = self._pieces(shard)
-            if pieces and _touched(pieces, samples) < FILL_MIN_SHARE:
-                by_piece.add(shard)
-                continue
-            blocks = max(1, -(-self._shard_bytes[shard] // self._block_bytes(shard)))
-            if _touched(blocks, samples) < FILL_MIN_SHARE:
-                sparse.add(shard)
-        return sparse, by_piece
-
-    def _pieces(self, shard: int) -> int:
-        """Pieces in ``shard``'s piece table (0: it has none)."""
-        spec = self._shard_info(shard).piece_spec
-        return spec.pieces if spec is not None else 0
-
-    def _block_bytes(self, shard: int) -> int:
-        return block_size_of(self._shard_info(shard))
-
-    def _shard_info(self, shard: int) -> ShardInfo:
-        """The index entry of global shard number ``shard`` (sources in order)."""
-        for src in self.sources:
-            if shard < len(src.shards):
-                return src.shards[shard]
-            shard -= len(src.shards)
-        raise IndexError(shard)
+            yield self._build(reads, window.popleft(), epoch=epoch, alloc=alloc)
 
     def _build(
-        self,
-        fetcher: ShardFetcher,
-        chunk: _Chunk,
-        order: np.ndarray[Any, Any],
-        where: dict[int, int],
-        cursor: int,
-        *,
-        epoch: int,
-        alloc: Allocator,
-        fills: bool = True,
-    ) -> tuple[int, list[tuple[int, dict[str, Any]]]]:
-        """Build one planned chunk: ``(new prefetch cursor, [(b, batch), ...])``."""
+        self, reads: ShardReads, chunk: _Chunk, *, epoch: int, alloc: Allocator
+    ) -> list[tuple[int, dict[str, Any]]]:
+        """Build one planned chunk: ``[(b, batch), ...]``."""
         bs, ids, shards, local = chunk
-        ahead = self.cache_options.prefetch_shards
-        needed = np.unique(shards).tolist()
-        fetcher.prefetch(needed, fills=fills)  # parallel downloads for a chunk on cold shards
-        ready = fetcher.need(shards, local, bs)  # ranged: this chunk's own blocks, verified
-
-        def reader(shard: int) -> ShardReader:
-            found = ready.get(shard)
-            return found if found is not None else fetcher.reader(shard)
-
-        built = self._builder.build(
-            shards,
-            local,
-            reader,
-            sample_ids=ids if self.spec.options.sample_ids else None,
-            alloc=alloc,
-        )
-        furthest = max(where.get(s, -1) for s in needed)
-        if furthest > cursor:
-            cursor = furthest
-            if ahead:
-                fetcher.prefetch(order[cursor + 1 : cursor + 1 + ahead], fills=fills)
-        fetcher.release_unused(set(needed))
+        with reads.need(shards, local, bs) as reader:  # this chunk's own bytes, verified
+            built = self._builder.build(
+                shards,
+                local,
+                reader,
+                sample_ids=ids if self.spec.options.sample_ids else None,
+                alloc=alloc,
+            )
         out = []
         for row, (b, batch) in enumerate(zip(bs, built, strict=True)):
             columns = batch
@@ -416,21 +332,21 @@ class BatchStream:
             if self.transform is not None:
                 tensors = self.transform(tensors)
             out.append((b, tensors))
-        return cursor, out
+        return out
 
     def __getstate__(self) -> dict[str, Any]:
         # Threads, leases and mappings belong to the process that made them.
         state = dict(self.__dict__)
-        state["_fetcher"], state["_fetcher_pid"], state["_plan"] = None, -1, None
+        state["_reads"], state["_reads_pid"], state["_plan"] = None, -1, None
         state["read_stats"] = None  # holds a lock; the child counts its own reads
         return state
 
     def close(self, *, finish_fills_s: float = 0.0) -> None:
         """Release leases and download threads held by this process (after giving
         background cache fills up to ``finish_fills_s`` to finish)."""
-        if self._fetcher is not None and self._fetcher_pid == os.getpid():
-            self._fetcher.close(finish_fills_s=finish_fills_s)
-        self._fetcher = None
+        if self._reads is not None and self._reads_pid == os.getpid():
+            self._reads.close(finish_fills_s=finish_fills_s)
+        self._reads = None
 
 
 def _planned(
@@ -460,9 +376,3 @@ def _planned(
             at += take
             chunk = min(chunk * 2, max_chunk)
         pos += len(sel)
-
-
-def _touched(units: int, samples: float) -> float:
-    """The expected share of ``units`` equal parts of a shard that ``samples`` samples at
-    random places touch."""
-    return float(1 - (1 - 1 / units) ** samples)

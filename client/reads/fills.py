@@ -5,38 +5,37 @@ memory-held shards.
 cache's download function is a fill: the shard's blocks are written into the cache's
 private download file block by block, demand first, verified against the per-block digests,
 and the cache publishes the file once complete. Blocks this process read into memory
-before its fill started are copied over (:func:`adopt`), not fetched twice. In cacheless
-mode a shard is a memory-backed partial (headers read ahead, zstd and digest-less shards
-loaded whole within the memory budget).
+before its fill started are copied over (:meth:`PartialShard.adopt`), not fetched twice.
+In cacheless mode a shard is a memory-backed partial (headers read ahead, zstd and
+digest-less shards loaded whole within the memory budget).
 
-:class:`ShardFills` is a part of :class:`~shardstream.client.reads.fetch.ShardFetcher` (a mixin
-over the fetcher's state).
+:class:`ShardFills` is a part of :class:`~shardstream.client.reads.reads.ShardReads`, over
+its :class:`~shardstream.client.reads.shared.SharedReads`: it is the one part that writes
+the shared ``filling`` and ``complete``.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shardstream.client.cache.private_paths import open_private
-from shardstream.client.reads.memory import block_size_of, check_budget
-from shardstream.client.reads.partial import BlockStats, NodeSharing, PartialShard
+from shardstream.client.reads.memory import check_budget
+from shardstream.client.reads.partial import NodeSharing, PartialShard
 from shardstream.client.reads.queue import FILL
+from shardstream.client.reads.ranges import block_size_of
 from shardstream.client.reads.refetch import refetched
 from shardstream.client.sources.source import ResolvedSource
 from shardstream.hashing import choose_verify_algo
-from shardstream.mds import ShardReader, decompress_shard
+from shardstream.mds import decompress_shard
 
 if TYPE_CHECKING:
-    from shardstream.client.options import CacheOptions
-    from shardstream.client.reads.memory import MemoryShards
-    from shardstream.client.reads.peers import MemoryPeers
-    from shardstream.client.reads.queue import RangeQueue
+    from shardstream.client.reads.shared import SharedReads
 
-__all__ = ["ShardFills", "fetch_shard", "source_connections"]
+__all__ = ["ShardFills", "fetch_shard"]
 
 
 def fetch_shard(source: ResolvedSource, shard: int, dest: Path) -> bool:
@@ -66,43 +65,36 @@ def fetch_shard(source: ResolvedSource, shard: int, dest: Path) -> bool:
 
 
 class ShardFills:
-    """Whole downloads, cache fills and memory-held shards of one process's fetcher."""
+    """Whole downloads, cache fills and memory-held shards of one process's read path."""
 
-    if TYPE_CHECKING:  # the fetcher's state and helpers this part uses
-        _options: CacheOptions
-        _memory: MemoryShards | None
-        _peers: MemoryPeers
-        _lock: threading.Lock
-        _filling: dict[int, PartialShard]
-        _complete: dict[int, ShardReader]
-        stats: BlockStats
-        locate: Callable[[int], tuple[ResolvedSource, int]]
-        ranged: Callable[[int], bool]
-        _queue_get: Callable[[], RangeQueue]
-        _memory_get: Callable[[], MemoryShards]
+    def __init__(self, shared: SharedReads) -> None:
+        self._shared = shared
 
-    @staticmethod
-    def _whole(source: ResolvedSource, local: int) -> Callable[[Path], bool]:
+    def whole(self, shard: int) -> Callable[[Path], bool]:
+        """The cache's fetch function for a shard read whole."""
+        source, local = self._shared.catalog.locate(shard)
         return lambda p: fetch_shard(source, local, p)
 
-    def _fill_into(
+    def fill_into(
         self, shard: int, started: threading.Event | None = None
     ) -> Callable[[Path], bool]:
         """The cache's fetch function for a ranged shard: fill ``target`` block by block
         (demand first), verify, and let the cache publish it (without hashing it again
         where every block was checked against its digest on arrival)."""
+        shared = self._shared
 
         def fill(target: Path) -> bool:
-            source, local = self.locate(shard)
+            source, local = shared.catalog.locate(shard)
             info = source.shards[local]
             fd = open_private(target, os.O_RDWR | os.O_EXCL)
             block = block_size_of(info)
-            early = self._memory.get(shard) if self._memory is not None else None
+            memory = shared.memory
+            early = memory.get(shard) if memory is not None else None
             # Blocks still on their way into memory here or in another process of the node
             # are waited for (the claims) and copied, not fetched again; other processes
             # of the node add blocks to this file (node_shared).
             node_key = source.cache_key(local)
-            peers = self._peers
+            peers = shared.peers
             own = [target] + ([early.path] if early is not None else [])
             sharing = NodeSharing(
                 peers=lambda: [*own, *peers.others(node_key)],
@@ -115,17 +107,17 @@ class ShardFills:
                 store=source.store(),
                 fd=fd,
                 path=target,
-                queue=self._queue_get(),
+                queue=shared.queue(),
                 block_size=block,
-                range_blocks=max(1, self._options.range_bytes // block),
-                stats=self.stats,
+                range_blocks=max(1, shared.options.range_bytes // block),
+                stats=shared.stats,
                 sharing=sharing,
                 bulk=True,  # every block is fetched: the look-ahead reads long ranges
             )
             if early is not None:
                 partial.adopt(early)  # blocks read before this fill started: not twice
-            with self._lock:
-                self._filling[shard] = partial
+            with shared.lock:
+                shared.filling[shard] = partial
             if started is not None:
                 started.set()  # readers waiting for this fill use it from now on
             try:
@@ -135,55 +127,50 @@ class ShardFills:
                 partial.wait_all(FILL)
                 partial.verify_whole()
                 reader = partial.reader()
-                with self._lock:
-                    self._complete[shard] = reader
+                with shared.lock:
+                    shared.complete[shard] = reader
             except BaseException as exc:
                 partial.fail(exc)
                 raise
             finally:
-                with self._lock:
-                    self._filling.pop(shard, None)
+                with shared.lock:
+                    shared.filling.pop(shard, None)
                 partial.close_file()
-            if self._memory is not None:
-                self._memory.drop(shard)
+            if shared.memory is not None:
+                shared.memory.drop(shard)
             peers.release(node_key)
             return partial.verified_on_arrival
 
         return fill
 
-    def _open_memory(self, shard: int) -> None:
+    def open_memory(self, shard: int) -> None:
         """Cacheless: create the shard's partial and read its header (or all of it, for
         shards that must be read whole)."""
-        partial = self._partial(shard)
-        if self.ranged(shard):
+        partial = self.partial(shard)
+        if self._shared.ranged(shard):
             partial.reader()
         else:
-            self._load_whole(shard, partial)
+            self.load_whole(partial)
 
-    def _load_whole(self, shard: int, partial: PartialShard) -> None:
-        memory = self._memory_get()
+    def load_whole(self, partial: PartialShard) -> None:
+        """Read a memory-held shard whole, once, within the memory budget."""
+        memory = self._shared.memory_shards()
+        budget = self._shared.options.memory_budget_bytes
 
         def load() -> None:
-            check_budget(self._options.memory_budget_bytes, partial.info)
+            check_budget(budget, partial.info)
             memory.make_room(partial.info.raw_data.bytes)
             memory.load_whole(partial, partial.info.compression)
 
         partial.load_once(load)
 
-    def _partial(self, shard: int) -> PartialShard:
-        source, local = self.locate(shard)
-        return self._memory_get().open(
+    def partial(self, shard: int) -> PartialShard:
+        """This process's memory-held partial of ``shard`` (made empty on first use)."""
+        source, local = self._shared.catalog.locate(shard)
+        return self._shared.memory_shards().open(
             shard,
             source.shards[local],
             source.keys[local],
             source.store(),
             node_key=source.cache_key(local),
         )
-
-
-def source_connections(sources: Sequence[ResolvedSource]) -> int:
-    """Threads for ranged reads: the most concurrent requests the sources' stores allow."""
-    best = 8
-    for source in sources:
-        best = max(best, source.store().capabilities.max_connections)
-    return best

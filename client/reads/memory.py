@@ -32,22 +32,16 @@ import numpy.typing as npt
 from shardstream.client.reads.partial import BlockStats, NodeSharing, PartialShard
 from shardstream.client.reads.peers import MemoryPeers
 from shardstream.client.reads.queue import RangeQueue
-from shardstream.client.reads.ranges import DEFAULT_BLOCK_BYTES
+from shardstream.client.reads.ranges import block_size_of
 from shardstream.client.reads.refetch import refetched
 from shardstream.errors import ConfigError, HashMismatchError
 from shardstream.hashing import choose_verify_algo, hash_bytes
 from shardstream.mds import ShardInfo
 from shardstream.storage import ObjectStore
 
-__all__ = ["MemoryShards", "block_size_of"]
+__all__ = ["MemoryShards", "check_budget"]
 
 log = logging.getLogger(__name__)
-
-
-def block_size_of(info: ShardInfo) -> int:
-    """The block size reads of ``info`` use: its digest blocks, else the default."""
-    digests = getattr(info, "block_digests", None)
-    return int(digests.block_size) if digests is not None else DEFAULT_BLOCK_BYTES
 
 
 class MemoryShards:

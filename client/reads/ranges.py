@@ -19,6 +19,7 @@ from shardstream.mds._blocks import blocks_of_spans
 
 __all__ = [
     "DEFAULT_BLOCK_BYTES",
+    "block_size_of",
     "blocks_between",
     "blocks_of_samples",
     "blocks_of_spans",
@@ -32,6 +33,12 @@ I64 = npt.NDArray[np.int64]
 
 DEFAULT_BLOCK_BYTES = 1 << 20
 """Fetch unit of shards whose index records no block digests (1 MiB)."""
+
+
+def block_size_of(info: ShardInfo) -> int:
+    """The block size reads of ``info`` use: its digest blocks, else the default."""
+    digests = getattr(info, "block_digests", None)
+    return int(digests.block_size) if digests is not None else DEFAULT_BLOCK_BYTES
 
 
 def header_bytes(num_samples: int) -> int:

@@ -251,9 +251,9 @@ def test_a_shard_opens_with_its_header_bytes_not_a_block(
     shards = load_index(tmp_path / "h" / "index.json").shards
     heads = sum(s.header_digest.length for s in shards if s.header_digest is not None)
     ds = StreamingDataset(url, 8, cache=CacheOptions(memory_only=True), plan=PlanOptions(seed=3))
-    fetcher = ds.stream.fetcher()
+    fills = ds.stream.reads().fills
     for shard in range(len(shards)):
-        fetcher._partial(shard).reader()  # opens the shard: its header only
+        fills.partial(shard).reader()  # opens the shard: its header only
     assert ds.stream.read_stats.bytes_fetched == heads < total / 20
     # A header that does not match its digest is refused, naming the header.
     index = json.loads((tmp_path / "h" / "index.json").read_text())
