@@ -22,7 +22,7 @@ steady state. What is counted, and where each counter's one home is:
 * the loop's wait and step, and the batch-ready latency histogram: :class:`InputMeter`
   (main process, two clock reads a batch);
 * storage requests, bytes, 503/429 throttling (``shardstream.storage``'s process limit)
-  and retries (its backoff); bytes from peers (the fetcher's ``BlockStats``); node cache
+  and retries (its backoff); bytes from peers (the read path's ``BlockStats``); node cache
   hits and misses (the caches' ``CacheStats``): read by :class:`ProcessCounters` in the
   process that builds batches, as differences since it started counting;
 * time building batches (wall and the building thread's CPU) and ring occupancy: counted
@@ -199,7 +199,7 @@ class ProcessCounters:
         return storage_counters()
 
     def _count_caches(self) -> None:
-        # Caches come and go with the fetcher of each epoch: count each one's growth.
+        # Caches come and go with the read path of each epoch: count each one's growth.
         for cache in live_caches():
             now = cache.stats()
             hits, misses = self._caches.get(cache, (0, 0))

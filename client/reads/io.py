@@ -1,7 +1,7 @@
 """Bytes of a block read: counted, verified against the block digests, written in place.
 
 The pieces :class:`~shardstream.client.reads.partial.PartialShard` does its I/O with: the
-per-fetcher counters (:class:`BlockStats`), a ranged read checked against the index's
+per-process counters (:class:`BlockStats`), a ranged read checked against the index's
 per-block digests and fetched again when corrupt (:func:`read_verified`), and the sparse
 file calls that write blocks in place and free evicted ones (:func:`punch_hole`).
 """
@@ -44,7 +44,7 @@ VERIFY_ATTEMPTS = 3
 
 
 class BlockStats:
-    """Counters shared by the partial shards of one fetcher (bytes and requests)."""
+    """Counters shared by the partial shards of one read path (bytes and requests)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -55,7 +55,7 @@ class BlockStats:
         self.peer_bytes = 0
         """Bytes taken from another process's download file of the node cache, not fetched."""
         self.link = LinkEstimate()
-        """Round trip and bandwidth seen by this fetcher's reads (sizes its bulk reads)."""
+        """Round trip and bandwidth seen by this read path's reads (sizes its bulk reads)."""
 
     def add(self, **deltas: int) -> None:
         """Add to the named counters."""
