@@ -3,7 +3,11 @@ and 9, §4): a real 2-rank gloo job over two document sources, packed at read ti
 mixture weights change at step 30 (then ramp until 40) is SIGKILLed before the change and
 resumed on 1 rank x 2 workers and on 4 ranks x 1 worker. The documents each step consumes
 (the ids) and the packed rows each step trains on (tokens and restarting positions) equal
-the uninterrupted run's, across the schedule's boundaries; see :mod:`tests.harness`."""
+the uninterrupted run's, across the schedule's boundaries; see :mod:`tests.harness`.
+
+The schedule is given twice: by steps, and by tokens consumed (issue 26: 768 tokens a
+step with a fixed number of packed rows, so the first 22,941 tokens end at step 30 and
+30,720 at step 40); the state of the latter records its tokens a step."""
 
 from __future__ import annotations
 
@@ -15,10 +19,11 @@ import numpy as np
 import pytest
 
 from shardstream.client.plan import MixtureSchedule, Phase
+from shardstream.client.state import ReaderState
 from shardstream.mds import MDSWriter
 from tests.harness.compare import check_elastic_resume, check_reference
 from tests.harness.config import DataSettings, TrainerConfig
-from tests.harness.records import AttemptLog, IdArray
+from tests.harness.records import AttemptLog, IdArray, checkpoint_path, load_checkpoint
 from tests.harness.scenario import attempt, resume_state_dict, run_and_kill, run_epoch
 
 DOCS = 600  # per source
@@ -27,20 +32,31 @@ EPOCH = 960  # documents an epoch: no source runs out, so each document is read 
 STEPS = EPOCH // GLOBAL_BATCH  # 60
 CKPT_EVERY = 10
 KILL_AT = 25  # checkpoint 20: the resume crosses the boundaries at 30, 35 and 40
-SCHEDULE = MixtureSchedule(
-    [
-        Phase(until=30, weights=(3, 1)),
-        Phase(until=40, weights=(3, 1), end_weights=(1, 3), steps=2),
-        Phase(weights=(1, 3)),
-    ]
-)
 PACK = {"seq_len": 64, "rows": 3, "group": 4, "method": "first_fit", "eos_id": 0}
+PER_STEP = GLOBAL_BATCH // 4 * 3 * 64  # 768 tokens a step, on every world size
+SCHEDULES = {
+    "steps": MixtureSchedule(
+        [
+            Phase(until=30, weights=(3, 1)),
+            Phase(until=40, weights=(3, 1), end_weights=(1, 3), steps=2),
+            Phase(weights=(1, 3)),
+        ]
+    ),
+    "tokens": MixtureSchedule(
+        [
+            Phase(until_tokens=29 * PER_STEP + 69, weights=(3, 1)),  # reached in step 29
+            Phase(until_tokens=40 * PER_STEP, weights=(3, 1), end_weights=(1, 3), steps=2),
+            Phase(weights=(1, 3)),
+        ]
+    ),
+}
 
 
 @dataclass
 class Fixture:
     root: Path
     sources: list[str]
+    schedule: MixtureSchedule = SCHEDULES["steps"]
     refs: dict[int, AttemptLog] = field(default_factory=dict)
 
     def config(self, name: str, **changes: object) -> TrainerConfig:
@@ -54,7 +70,7 @@ class Fixture:
                 seed=77,
                 cache_dir=str(self.root / "cache"),
                 epoch_size=EPOCH,
-                schedule=SCHEDULE.to_params(),
+                schedule=self.schedule.to_params(),  # in tokens: the reader sets the step
                 pack=PACK,
             ),
             num_workers=2,
@@ -80,12 +96,19 @@ def fx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fixture]:
     yield Fixture(root=root, sources=sources)
 
 
+@pytest.fixture(params=sorted(SCHEDULES))
+def run(request: pytest.FixtureRequest, fx: Fixture) -> Fixture:
+    """The data of ``fx``, with the schedule by steps or by tokens (its own attempts)."""
+    return Fixture(fx.root / request.param, fx.sources, schedule=SCHEDULES[request.param])
+
+
 def _rows(log: AttemptLog, first: int, last: int) -> list[IdArray]:
     return [log.global_batch(s) for s in range(first, last + 1)]
 
 
 @pytest.mark.slow
-def test_packed_scheduled_run_killed_on_2_ranks_resumes_on_1_and_4(fx: Fixture) -> None:
+def test_packed_scheduled_run_killed_on_2_ranks_resumes_on_1_and_4(run: Fixture) -> None:
+    fx = run
     ref_cfg = fx.config("ref-w2", step_sleep_s=0.0)
     ref = run_epoch(ref_cfg, 2)
     assert check_reference(ref, GLOBAL_BATCH) == STEPS
@@ -99,6 +122,14 @@ def test_packed_scheduled_run_killed_on_2_ranks_resumes_on_1_and_4(fx: Fixture) 
     killed_cfg = fx.config("killed-w2")
     killed = run_and_kill(killed_cfg, 2, kill_at_step=KILL_AT)
     assert killed.checkpoint_step < 30
+    saved = load_checkpoint(
+        checkpoint_path(Path(killed_cfg.attempt_dir), killed.checkpoint_step, 0)
+    )
+    plan = ReaderState.from_stateful_loader(saved).plan  # a step size in tokens is in the state
+    expected = fx.schedule
+    if expected.in_tokens:
+        expected = expected.with_tokens_per_step(PER_STEP)
+    assert plan["schedule"] == expected.to_params()
     killed_rows = AttemptLog.read(Path(killed_cfg.attempt_dir), 2, rows=True)
     last = killed.log.last_common_step()
     for want, got in zip(_rows(ref_rows, 1, last), _rows(killed_rows, 1, last), strict=True):
