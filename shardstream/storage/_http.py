@@ -79,7 +79,7 @@ class HTTPStore(RemoteStore):
         return self._remote_capabilities(presigns=False)
 
     def _new_client(self) -> httpx.Client:
-        return shared_client(self.options)
+        return shared_client(self.options)  # released by close()
 
     # -- URL resolution -------------------------------------------------------------------
 
@@ -225,9 +225,12 @@ class HTTPStore(RemoteStore):
         return self._url(check_key(key)) if key else self.name
 
     def close(self) -> None:
-        """Release this store's threads; the process's shared connection pool stays open
-        for the other stores (it is closed at exit)."""
+        """Release this store's threads and its use of the process's shared connection
+        pool, which closes (with its idle connections) once no open store uses it."""
+        client = self._http.built()
         self._http.reset()
+        if client is not None:
+            release_client(client)
         super().close()
 
     # -- the write side does not exist here -----------------------------------------------
@@ -272,18 +275,26 @@ def _chunks(resp: httpx.Response, what: str) -> Iterator[bytes]:
 
 
 _CLIENTS: dict[tuple[int, float, float, int], httpx.Client] = {}
+_USERS: dict[int, int] = {}
+"""Open stores using each shared pool, by the pool's ``id``."""
 _CLIENTS_LOCK = threading.Lock()
 
 
 def shared_client(options: StorageOptions) -> httpx.Client:
     """The process's one HTTP connection pool for these timeouts (every HTTPStore of the
-    process shares it: connections to the same host are reused across datasets)."""
+    process shares it: connections to the same host are reused across datasets).
+
+    Each call counts a user until :func:`release_client`: the last release closes the
+    pool and its idle connections (kept-alive connections to a server that went away
+    would otherwise stay open as long as the process). A store dropped without
+    ``close()`` keeps its pool open, to be shared with the process's later stores.
+    """
     key = (os.getpid(), options.connect_timeout_s, options.read_timeout_s, options.max_connections)
     with _CLIENTS_LOCK:
         client = _CLIENTS.get(key)
         if client is None or client.is_closed:
             for stale in [k for k in _CLIENTS if k[0] != key[0]]:
-                del _CLIENTS[stale]  # the parent's sockets: never used after a fork
+                _USERS.pop(id(_CLIENTS.pop(stale)), None)  # the parent's: unused after a fork
             client = _CLIENTS[key] = httpx.Client(
                 timeout=httpx.Timeout(options.read_timeout_s, connect=options.connect_timeout_s),
                 limits=httpx.Limits(
@@ -292,7 +303,21 @@ def shared_client(options: StorageOptions) -> httpx.Client:
                 ),
                 follow_redirects=True,
             )
+        _USERS[id(client)] = _USERS.get(id(client), 0) + 1
     return client
+
+
+def release_client(client: httpx.Client) -> None:
+    """A user of a :func:`shared_client` pool is done with it; the last one closes it."""
+    with _CLIENTS_LOCK:
+        users = _USERS.get(id(client), 0) - 1
+        if users > 0:
+            _USERS[id(client)] = users
+            return
+        _USERS.pop(id(client), None)
+        for key in [k for k, c in _CLIENTS.items() if c is client]:
+            del _CLIENTS[key]
+    client.close()
 
 
 def _due(url: str, expires: float) -> bool:

@@ -68,6 +68,14 @@ class S3Store(RemoteStore):
         """Remote reads through the process's adaptive limit; presigns GET URLs."""
         return self._remote_capabilities(presigns=True)
 
+    def close(self) -> None:
+        """Close this process's connections and worker threads (rebuilt on next use)."""
+        client = self._client.built()
+        self._client.reset()
+        if client is not None:
+            client.close()
+        super().close()
+
     def _new_client(self) -> Any:
         opts = self.options
         config = botocore.config.Config(

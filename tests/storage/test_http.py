@@ -190,3 +190,20 @@ def test_a_url_of_another_scheme_fails_at_once_without_retries(tmp_path: Path) -
     assert not isinstance(info.value, TransientStorageError)
     assert len(calls) == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_the_shared_pool_closes_with_the_last_store_that_uses_it(s3_bucket: S3Bucket) -> None:
+    """HTTPStores share one connection pool; it closes (its idle connections with it) once
+    every store that used it is closed, and a store used again opens a new one."""
+    S3Store(s3_bucket.name).write_bytes("a.bin", b"abc")
+    url = S3Store(s3_bucket.name).presign_get("a.bin", expires_s=600)
+    first, second = (HTTPStore(lambda keys, u=url: {k: u for k in keys}) for _ in range(2))
+    assert first.read_bytes("a.bin") == second.read_bytes("a.bin") == b"abc"
+    pool = first._http.get()
+    assert second._http.get() is pool
+    first.close()
+    assert not pool.is_closed  # the second store still uses it
+    second.close()
+    assert pool.is_closed
+    assert first.read_bytes("a.bin") == b"abc"  # a new pool
+    first.close()

@@ -136,3 +136,14 @@ def test_store_works_in_forked_and_spawned_workers(s3_bucket: S3Bucket) -> None:
     clone = pickle.loads(pickle.dumps(store))  # spawn-style workers pickle the dataset
     assert clone._client.built() is None
     assert clone.read_bytes("obj.bin") == b"forked"
+
+
+def test_close_releases_the_connections_and_the_store_stays_usable(s3_bucket: S3Bucket) -> None:
+    store = S3Store(s3_bucket.name)
+    store.write_bytes("a.bin", b"abc")
+    client = store._client.get()
+    store.close()
+    assert store._client.built() is None
+    assert store.read_bytes("a.bin") == b"abc"  # a new client
+    assert store._client.get() is not client
+    store.close()
