@@ -34,7 +34,7 @@ from shardstream.client.batches.image_augment import RandomResizedCropFlip
 from shardstream.client.batches.image_stage import ImageStage, StageRun
 from shardstream.client.batches.input_stats import InputMeter, InputStats, ProcessCounters
 from shardstream.client.batches.stream import MAX_CHUNK
-from shardstream.client.dataset import StreamingDataset
+from shardstream.client.dataset import FINISH_FILLS_S, StreamingDataset
 from shardstream.client.state import ReaderState
 from shardstream.client.workers.ring import BatchRing, SlotLoans, view_in
 from shardstream.client.workers.worker import worker_main
@@ -237,7 +237,7 @@ class ShardstreamLoader:
         self._epoch, self._consumed = self._normalized()
         epoch, start = self._epoch, self._consumed
         if self.num_workers == 0:
-            built = self.dataset.stream.batches(epoch, start)
+            built = self._inline(epoch, start)
         else:
             # With a stage, a thread drives the pass: fork the workers here, on this
             # thread, as PR_SET_PDEATHSIG would kill them when the forking thread ends.
@@ -249,6 +249,17 @@ class ShardstreamLoader:
         if self._meter is not None:
             built = self._meter.timed(built)
         return self._counted(built)
+
+    def _inline(self, epoch: int, start: int) -> Iterator[tuple[int, dict[str, Any]]]:
+        """The pass built in this process (``num_workers=0``). Its read path (threads,
+        leases, memory files) is closed when the pass ends, is abandoned (the loop broke
+        out of the epoch) or fails, as :class:`StreamingDataset`'s own iteration does."""
+        stream = self.dataset.stream
+        try:
+            yield from stream.batches(epoch, start)
+            stream.close(finish_fills_s=FINISH_FILLS_S)  # the epoch ended: keep its fills
+        finally:
+            stream.close()
 
     def _counted(self, built: Iterator[tuple[int, dict[str, Any]]]) -> Iterator[dict[str, Any]]:
         """Count a batch as consumed when the training loop takes it, not when built."""
@@ -408,11 +419,14 @@ class ShardstreamLoader:
 
     def close(self) -> None:
         """Flush the commits, then stop the workers (daemons: they also end with this
-        process). A failed commit is raised once the workers are stopped."""
+        process), or with ``num_workers=0`` close this process's read path. A failed
+        commit is raised once the workers are stopped."""
         try:
             self.flush_commits()
         finally:
             self._stop_workers()
+            if self.num_workers == 0:
+                self.dataset.stream.close()
 
     def _stop_workers(self) -> None:
         self._stop_stage()

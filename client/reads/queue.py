@@ -74,6 +74,9 @@ class RangeQueue:
                     self._running -= 1
                     self._filling -= priority == FILL
                     self._cond.notify_all()
+            # An idle thread must not keep its last job (and the partial shard, its memory
+            # file and its store that the job holds) alive until the next job comes.
+            del job
 
     def _fill_capped(self) -> bool:
         """Whether the next job is background fill and must wait: while batches' reads are

@@ -21,6 +21,9 @@ decided by :mod:`~shardstream.client.reads.policy`, which does no I/O.
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -113,6 +116,12 @@ class ShardReads:
         self.leases = ShardLeases(self.shared, self.fills)
         self.demand = BlockDemand(self.shared, self.fills, self.leases)
         self._pass: _Progress | None = None
+        # Dropped without close() (a stream whose pass was abandoned, a dataset let go),
+        # the path still stops its threads, releases its leases and frees its memory
+        # files: its idle threads would otherwise keep all of it (and the store's
+        # connections) for the life of the process.
+        self._finalizer = weakref.finalize(self, _release, os.getpid(), self.leases, self.shared)
+        self._finalizer.atexit = False  # at exit the process frees all of it anyway
 
     @property
     def stats(self) -> BlockStats:
@@ -190,3 +199,20 @@ class ShardReads:
         """
         self.leases.close(finish_fills_s=finish_fills_s)
         self.shared.close()
+
+
+def _release(pid: int, leases: ShardLeases, shared: SharedReads) -> None:
+    """Close a read path that was dropped unclosed, in the process that made it (a
+    forked child's copy holds nothing of its own).
+
+    On a thread of its own: the collector may drop the path on any thread, one of the
+    path's own (which ``close`` waits for) or one holding a lock that ``close`` takes.
+    """
+    if os.getpid() != pid:
+        return
+
+    def close() -> None:
+        leases.close()
+        shared.close()
+
+    threading.Thread(target=close, name="shardstream-reads-close", daemon=True).start()
