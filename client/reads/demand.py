@@ -97,7 +97,7 @@ class BlockDemand:
             if isinstance(place, PartialShard) and self._shared.ranged(shard):
                 place.header.request()
                 piece_shard = self._shared.mode(shard) is ReadMode.BY_PIECE
-                if (by_piece or piece_shard) and place.request_pieces(idx):
+                if (by_piece or piece_shard) and place.pieces.request(idx):
                     pieces.add(shard)  # its blocks are requested once the chunk is out
         return pieces
 
@@ -163,7 +163,7 @@ class BlockDemand:
                 waiting.append((shard, where, blocks, idx))
         for shard, where, blocks, idx in waiting:
             if shard in pieces:
-                where.wait_samples(idx)
+                where.pieces.wait(idx)
                 readers[shard] = where.reader()
                 continue  # the header's own offsets chose the pieces
             where.wait(blocks)

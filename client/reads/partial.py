@@ -11,9 +11,11 @@ samples while the rest is still on the way. A cold process's first batches read 
 pieces instead (:class:`~.pieces.PieceReader`, a component of the partial).
 
 Invariant: the block and piece states, the file and the read jobs change only in this
-class's methods, under its condition ``_cond``; a block is ``PRESENT`` only once its
-(verified) bytes are in the file. Other objects configure a partial when they make it
-(:class:`NodeSharing`) and ask it to act; none takes its lock.
+class and its components (:class:`~.requests.BlockRequests` plans the read jobs,
+:class:`~.pieces.PieceReader` reads pieces), under the one condition the partial hands
+them when it makes them; a block is ``PRESENT`` only once its (verified) bytes are in the
+file. Other objects configure a partial when they make it (:class:`NodeSharing`) and ask
+it to act; none takes its lock.
 
 Without per-block digests (older indexes), blocks cannot be verified on arrival; the
 read path only builds a ``PartialShard`` for them when the user allowed it
@@ -26,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
-import logging
 import os
 import threading
 from collections.abc import Callable
@@ -39,25 +40,20 @@ from shardstream.client.reads.blocks import BlockTable
 from shardstream.client.reads.header import ShardHeader
 from shardstream.client.reads.io import BlockStats, punch_hole, pwrite_all
 from shardstream.client.reads.pieces import PieceReader
-from shardstream.client.reads.queue import DEMAND, URGENT, RangeQueue
-from shardstream.client.reads.ranges import coalesce, lengthen
+from shardstream.client.reads.queue import DEMAND, RangeQueue
+from shardstream.client.reads.requests import BlockRequests, ReadJob
 from shardstream.client.reads.sharing import NodeSharing, read_blocks
 from shardstream.errors import StorageError
 from shardstream.hashing import verify_file
 from shardstream.mds import ShardInfo, ShardReader
 from shardstream.storage import ObjectStore
 
-__all__ = ["BULK_MAX_BYTES", "BlockStats", "NodeSharing", "PartialShard"]
-
-log = logging.getLogger(__name__)
+__all__ = ["BlockStats", "NodeSharing", "PartialShard"]
 
 I64 = npt.NDArray[np.int64]
 
 NO_SHARING = NodeSharing()
 """A partial that neither copies from nor offers to other processes."""
-
-BULK_MAX_BYTES = 64 << 20
-"""Longest bulk read (0.75 s at 90 MB/s): a batch whose block is at its end waits for it."""
 
 
 class PartialShard:
@@ -85,26 +81,27 @@ class PartialShard:
         self.block_size = block_size
         self.num_blocks = max(-(-self.size // block_size), 1)
         self._queue = queue
-        self._range_blocks = range_blocks
         self.stats = stats
         """The read path's counters (requests, bytes, the link estimate)."""
         self._digests = info.block_digests if hasattr(info, "block_digests") else None
         self.sharing = sharing
-        self.bulk = bulk
-        """Whether this process fetches every block of the shard (its cache fill): then
-        look-ahead and fill reads are long ranges sized to the link (:meth:`bulk_blocks`)."""
         self._blocks = BlockTable(self.num_blocks)
-        self._owner = np.full(self.num_blocks, -1, dtype=np.int64)  # read job of in-flight blocks
-        self._jobs = 0
-        self._queued: dict[int, int] = {}  # read jobs submitted and not started: priority
+        self._requests = BlockRequests(
+            self._blocks,
+            block_size=block_size,
+            range_blocks=range_blocks,
+            link=stats.link,
+            bulk=bulk,  # every block is fetched here: long reads sized to the link
+        )
         self._cond = threading.Condition()
         self._error: BaseException | None = None
         self._whole_lock = threading.Lock()  # one whole read, whoever asks first
         self._retired = False
         spec = info.piece_spec if self._digests is not None and info.header_digest else None
         self.pieces = PieceReader(
-            spec, size=self.size, block_size=block_size, range_blocks=range_blocks
+            self, spec, cond=self._cond, blocks=self._blocks, range_blocks=range_blocks
         )
+        """Reads a cold batch's samples by piece, ahead of their blocks."""
         self.header = ShardHeader(self)
         os.ftruncate(fd, self.size)
 
@@ -139,58 +136,22 @@ class PartialShard:
     # -- requesting and waiting -----------------------------------------------------------
 
     def request(self, blocks: I64, priority: int = DEMAND, *, bulk: bool = False) -> None:
-        """Start fetching the missing ones of ``blocks`` (sorted, unique).
-
-        A batch's request also takes over the background reads (fill) that hold its blocks
-        and are queued but not started, whole, so a batch never waits behind the fill and
-        a long range stays one request. With ``bulk`` (a shard this process fills whole:
-        :attr:`bulk`), each run also takes the missing blocks after it, up to
-        :meth:`bulk_blocks`.
-        """
-        jobs: list[tuple[int, int, int]] = []
+        """Start fetching the missing ones of ``blocks`` (sorted, unique) as ranged reads
+        (:class:`~.requests.BlockRequests`: a batch's request takes over the fill's queued
+        reads of its blocks; ``bulk`` reads long ranges in a shard this process fills)."""
         with self._cond:
             if self._error is not None:
                 return
-            todo = blocks[self._blocks.missing(blocks)]
-            behind = [job for job, p in self._queued.items() if p > priority]
-            if priority == DEMAND and behind:
-                waiting = np.asarray(behind, dtype=np.int64)
-                late = self._blocks.in_flight(blocks) & np.isin(self._owner[blocks], waiting)
-                if late.any():  # whole queued jobs move up: a long range stays one request
-                    jobs_late = np.unique(self._owner[blocks[late]])
-                    moved = np.flatnonzero(
-                        self._blocks.in_flight() & np.isin(self._owner, jobs_late)
-                    )
-                    todo = np.union1d(todo, moved)
-                    bulk = True  # the fill's long ranges stay long
-            self._blocks.request(todo)
-            longest = self.bulk_blocks() if bulk and self.bulk else self._range_blocks
-            runs = coalesce(todo, longest)
-            if longest > self._range_blocks:
-                free = self._blocks.missing()
-                runs = lengthen(runs, free, longest)
-                self._blocks.request(np.flatnonzero(~free))  # the blocks the runs took
-            for first, last in runs:
-                job = self._jobs = self._jobs + 1
-                self._owner[first : last + 1] = job
-                self._queued[job] = priority
-                jobs.append((first, last, job))
-        for first, last, job in jobs:
-            self._queue.submit(priority, functools.partial(self._fetch, first, last, job))
-
-    def bulk_blocks(self) -> int:
-        """Blocks of one bulk read: :data:`~shardstream.client.reads.link.BULK_RTTS` round trips
-        of transfer at the measured link, at least ``range_bytes``, at most
-        :data:`BULK_MAX_BYTES` (a batch may wait for a whole range)."""
-        longest = self.stats.link.bulk_bytes(self._range_blocks * self.block_size, BULK_MAX_BYTES)
-        return max(self._range_blocks, -(-longest // self.block_size))
+            jobs = self._requests.plan(blocks, priority, bulk=bulk)
+        for job in jobs:
+            self._queue.submit(job.priority, functools.partial(self._fetch, job))
 
     def wait(self, blocks: I64, priority: int = DEMAND, *, bulk: bool = False) -> None:
         """Fetch ``blocks`` if needed and return once all are present (or raise why not)."""
         self.request(blocks, priority, bulk=bulk)
-        self._wait_until(lambda: self._blocks.all_present(blocks))
+        self.wait_until(lambda: self._blocks.all_present(blocks))
 
-    def _wait_until(self, ready: Callable[[], bool]) -> None:
+    def wait_until(self, ready: Callable[[], bool]) -> None:
         """Return once ``ready()`` (called with ``_cond`` held) is true; raises the
         shard's error if it fails first."""
         with self._cond:
@@ -212,10 +173,15 @@ class PartialShard:
                 missing = np.flatnonzero(self._blocks.missing())
             if missing.size == 0:
                 break
-            runs = coalesce(missing, self.bulk_blocks() if self.bulk else self._range_blocks)[:2]
+            runs = self._requests.fill_runs(missing)
             batch = np.concatenate([np.arange(a, b + 1) for a, b in runs])
             self.wait(batch, priority, bulk=True)
         self.wait(np.arange(self.num_blocks, dtype=np.int64))
+
+    @property
+    def failed(self) -> bool:
+        """Whether the shard failed or its reader closed (exact with the condition held)."""
+        return self._error is not None
 
     def fail(self, error: BaseException) -> None:
         """Wake every waiter with ``error`` (the read path is closing, or the shard is bad)."""
@@ -246,13 +212,11 @@ class PartialShard:
         self.fail(StorageError(f"{self.key}: the reader was closed"))
         self.close_file()
 
-    def _fetch(self, first: int, last: int, job: int) -> None:
+    def _fetch(self, job: ReadJob) -> None:
         with self._cond:
-            self._queued.pop(job, None)
-            # Blocks a batch's request took over are fetched by that request instead.
-            mine = np.flatnonzero(self._owner[first : last + 1] == job) + first
-        for a, b in coalesce(mine, last - first + 1):  # one request, as submitted
-            self._fetch_run(a, b)
+            runs = self._requests.start(job)
+        for first, last in runs:
+            self._fetch_run(first, last)
 
     def _fetch_run(self, first: int, last: int) -> None:
         claims = self.sharing.claims
@@ -308,67 +272,6 @@ class PartialShard:
         """The shard's reader over this file (fetches the header first if needed:
         :class:`~.header.ShardHeader`)."""
         return self.header.reader()
-
-    # -- pieces -----------------------------------------------------------------------
-
-    def request_pieces(self, local: npt.ArrayLike) -> bool:
-        """Start reading, ahead of any block read, the pieces of samples ``local`` that
-        neither they nor their blocks hold yet; ``False`` if the shard has no pieces."""
-        if not self.pieces.enabled:
-            return False
-        opened = self.header.reader_if_open()
-        offsets = opened.offsets if opened is not None else self.header.index_offsets()
-        if offsets is None:  # variable-size samples: their offsets come with the header
-            self._queue.submit(URGENT, functools.partial(self._pieces_after_header, local))
-        else:
-            self._submit_pieces(self.pieces.of_samples(offsets, local))
-        return True
-
-    def wait_samples(self, local: npt.ArrayLike) -> None:
-        """Return once every byte of samples ``local`` is present, by piece or by block
-        (the caller requested the blocks); raises the shard's error if it fails."""
-        pieces = self.pieces.of_samples(self.reader().offsets, local)  # the header decides
-        self._submit_pieces(pieces)
-        self._wait_until(lambda: self.pieces.ready(pieces, self._blocks))
-
-    def _pieces_after_header(self, local: npt.ArrayLike) -> None:
-        try:
-            offsets = self.reader().offsets
-        except Exception as exc:  # the batch's own wait reports it
-            log.debug("%s: no header for piece reads: %s", self.key, exc)
-            return
-        self._submit_pieces(self.pieces.of_samples(offsets, local))
-
-    def _submit_pieces(self, pieces: I64) -> None:
-        with self._cond:
-            if self._error is not None:
-                return
-            runs = self.pieces.to_read(pieces, self._blocks)
-        for first, last in runs:
-            self._queue.submit(URGENT, functools.partial(self._fetch_pieces, first, last))
-
-    def _fetch_pieces(self, first: int, last: int) -> None:
-        done = False
-        try:
-            self.reader()  # the header, with the piece table
-            offset, data = self.pieces.read(
-                self.store, self.key, self.info, (first, last), stats=self.stats
-            )
-            with self._cond:  # the file may be closed meanwhile: never write a reused fd
-                if self.fd < 0:
-                    raise StorageError(f"{self.key}: the partial shard was closed")
-                pwrite_all(self.fd, data, offset)
-                self.pieces.states.arrive(slice(first, last + 1))
-            done = True
-        except Exception as exc:  # the batch waits for the blocks instead
-            log.debug("%s: pieces %d-%d: %s; reading their blocks", self.key, first, last, exc)
-        finally:
-            with self._cond:
-                if not done:
-                    self.pieces.states.lose(slice(first, last + 1))
-                self._cond.notify_all()
-        if not done:
-            self.request(self.pieces.blocks_of(first, last))
 
     # -- whole files, copies, eviction --------------------------------------------------
 

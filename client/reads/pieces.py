@@ -12,46 +12,67 @@ requested behind them, and serve every later batch.
 :class:`PieceReader` is a component of one
 :class:`~shardstream.client.reads.partial.PartialShard`: the pieces' states
 (:class:`~shardstream.client.reads.blocks.BlockTable`), the table parsed from the header,
-and the rules that say which pieces to read and when a sample's bytes are there. The
-partial calls it with its own condition held and does the file and queue I/O. A piece is
-readable once it is present itself or once the blocks it lies in are; evicting a block
-forgets the pieces in it.
+the rules that say which pieces to read and when a sample's bytes are there, and the piece
+reads themselves (:meth:`PieceReader.request`, :meth:`PieceReader.wait`): on the partial's
+range queue, written into its file through its public methods, the states changed under
+the condition the partial hands it (the one that guards its blocks). A piece is readable
+once it is present itself or once the blocks it lies in are; evicting a block forgets the
+pieces in it. A piece read that fails falls back to the piece's blocks.
 """
 
 from __future__ import annotations
+
+import functools
+import logging
+import threading
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from shardstream.client.reads.blocks import BlockTable
-from shardstream.client.reads.io import BlockStats, read_pieces
+from shardstream.client.reads.io import read_pieces
+from shardstream.client.reads.queue import URGENT
 from shardstream.client.reads.ranges import coalesce
-from shardstream.mds import PieceSpec, PieceTable, ShardInfo
-from shardstream.storage import ObjectStore
+from shardstream.mds import PieceSpec, PieceTable
+
+if TYPE_CHECKING:
+    from shardstream.client.reads.partial import PartialShard
 
 __all__ = ["PieceReader"]
+
+log = logging.getLogger(__name__)
 
 I64 = npt.NDArray[np.int64]
 
 
 class PieceReader:
-    """The pieces of one shard file (see the module docstring).
+    """The pieces of one partial shard's file (see the module docstring).
 
     ``spec`` is the index's piece table place (``None``: the shard has none, or its blocks
     are not verified). Pieces larger than blocks (an index no writer of ours makes) are not
     used: a piece must lie in at most two blocks for :meth:`held_by_blocks` to be exact.
+    ``cond`` and ``blocks`` are the partial's condition and block table.
     """
 
     def __init__(
-        self, spec: PieceSpec | None, *, size: int, block_size: int, range_blocks: int
+        self,
+        partial: PartialShard,
+        spec: PieceSpec | None,
+        *,
+        cond: threading.Condition,
+        blocks: BlockTable,
+        range_blocks: int,
     ) -> None:
+        block_size = partial.block_size
         if spec is not None and spec.piece_size > block_size:
             spec = None
         self.spec = spec
         self.table: PieceTable | None = None
         """The digests of the pieces, once the verified header is here (:meth:`learn`)."""
         self.states = BlockTable(spec.pieces if spec else 0)
-        self._size, self._block_size = size, block_size
+        self._partial, self._cond, self._blocks = partial, cond, blocks
+        self._size, self._block_size = partial.size, block_size
         self._longest = (
             max(1, range_blocks * block_size // spec.piece_size) if spec is not None else 1
         )
@@ -72,30 +93,71 @@ class PieceReader:
         idx = np.asarray(local, dtype=np.int64).reshape(-1)
         return self.spec.of_spans(offsets[idx], offsets[idx + 1])
 
-    def to_read(self, pieces: I64, blocks: BlockTable) -> list[tuple[int, int]]:
-        """Runs of ``pieces`` to read: those neither here nor on the way, nor held by their
-        blocks, marked in flight (partial's condition held)."""
-        todo = pieces[self.states.missing(pieces) & ~self.held_by_blocks(pieces, blocks)]
-        self.states.request(todo)
-        return coalesce(todo, self._longest)
+    def request(self, local: npt.ArrayLike) -> bool:
+        """Start reading, ahead of any block read, the pieces of samples ``local`` that
+        neither they nor their blocks hold yet; ``False`` if the shard has no pieces."""
+        if not self.enabled:
+            return False
+        p = self._partial
+        opened = p.header.reader_if_open()
+        offsets = opened.offsets if opened is not None else p.header.index_offsets()
+        if offsets is None:  # variable-size samples: their offsets come with the header
+            p.submit(URGENT, functools.partial(self._after_header, local))
+        else:
+            self._submit(self.of_samples(offsets, local))
+        return True
 
-    def ready(self, pieces: I64, blocks: BlockTable) -> bool:
+    def wait(self, local: npt.ArrayLike) -> None:
+        """Return once every byte of samples ``local`` is present, by piece or by block
+        (the caller requested the blocks); raises the shard's error if it fails."""
+        pieces = self.of_samples(self._partial.reader().offsets, local)  # the header decides
+        self._submit(pieces)
+        self._partial.wait_until(lambda: self.ready(pieces))
+
+    def ready(self, pieces: I64) -> bool:
         """Whether every one of ``pieces`` is readable: present, or its blocks are."""
-        return bool((self.states.present(pieces) | self.held_by_blocks(pieces, blocks)).all())
+        held = self.states.present(pieces) | self.held_by_blocks(pieces, self._blocks)
+        return bool(held.all())
 
-    def read(
-        self,
-        store: ObjectStore,
-        key: str,
-        info: ShardInfo,
-        run: tuple[int, int],
-        *,
-        stats: BlockStats,
-    ) -> tuple[int, bytes | bytearray]:
-        """``(file offset, bytes)`` of pieces ``run`` (inclusive), checked against the table
-        (which the header brought: read it first)."""
-        assert self.table is not None
-        return read_pieces(store, key, info, self.table, run, stats=stats)
+    def _after_header(self, local: npt.ArrayLike) -> None:
+        try:
+            offsets = self._partial.reader().offsets
+        except Exception as exc:  # the batch's own wait reports it
+            log.debug("%s: no header for piece reads: %s", self._partial.key, exc)
+            return
+        self._submit(self.of_samples(offsets, local))
+
+    def _submit(self, pieces: I64) -> None:
+        """Read the ones of ``pieces`` neither here nor on the way, nor held by their
+        blocks (marked in flight), in coalesced runs."""
+        with self._cond:
+            if self._partial.failed:
+                return
+            todo = pieces[self.states.missing(pieces) & ~self.held_by_blocks(pieces, self._blocks)]
+            self.states.request(todo)
+        for first, last in coalesce(todo, self._longest):
+            self._partial.submit(URGENT, functools.partial(self._fetch, first, last))
+
+    def _fetch(self, first: int, last: int) -> None:
+        p, done = self._partial, False
+        try:
+            p.reader()  # the header, with the piece table
+            assert self.table is not None
+            run = (first, last)
+            offset, data = read_pieces(p.store, p.key, p.info, self.table, run, stats=p.stats)
+            with self._cond:  # written and marked at once: an eviction comes before or after
+                p.write([(offset, data)])  # raises once closed: never writes a reused fd
+                self.states.arrive(slice(first, last + 1))
+            done = True
+        except Exception as exc:  # the batch waits for the blocks instead
+            log.debug("%s: pieces %d-%d: %s; reading their blocks", p.key, first, last, exc)
+        finally:
+            with self._cond:
+                if not done:
+                    self.states.lose(slice(first, last + 1))
+                self._cond.notify_all()
+        if not done:
+            p.request(self.blocks_of(first, last))
 
     def forget(self, start: int, end: int) -> None:
         """Pieces overlapping file bytes ``[start, end)`` are gone (partial's condition held)."""
