@@ -41,21 +41,35 @@ SHARDSTREAM_MODES: dict[str, dict[str, Any]] = {
 
 
 def missing_options(mode: str) -> list[str]:
-    """CacheOptions fields a shardstream mode needs that this client does not have."""
-    from shardstream.client import CacheOptions
+    """ReadOptions (or, in a baseline before it, CacheOptions) fields a shardstream mode
+    needs that this client does not have."""
+    import shardstream.client as client
 
-    have = {f.name for f in dataclasses.fields(CacheOptions)}
+    groups = [getattr(client, name, None) for name in ("ReadOptions", "CacheOptions")]
+    have = {f.name for group in groups if group is not None for f in dataclasses.fields(group)}
     return [name for name in SHARDSTREAM_MODES[mode] if name not in have]
 
 
+def _options(cache: Path, extra: dict[str, Any]) -> dict[str, Any]:
+    """``StreamingDataset`` keywords for the cache at ``cache`` and the read settings
+    ``extra``: ``read=ReadOptions(...)``, or in a baseline checkout from before
+    ``ReadOptions``, the settings on ``CacheOptions`` as they were then."""
+    import shardstream.client as client
+
+    read_options = getattr(client, "ReadOptions", None)
+    if read_options is None:
+        return {"cache": client.CacheOptions(dir=cache, **extra)}
+    return {"cache": client.CacheOptions(dir=cache), "read": read_options(**extra)}
+
+
 def _shardstream(spec: dict[str, Any]) -> Any:
-    from shardstream.client import CacheOptions, PlanOptions, ShardstreamLoader, StreamingDataset
+    from shardstream.client import PlanOptions, ShardstreamLoader, StreamingDataset
 
     extra = dict(SHARDSTREAM_MODES[spec["mode"]])
     if extra.get("memory_only") and spec.get("memory_budget"):
         extra["memory_budget_bytes"] = int(spec["memory_budget"])
-    cache = CacheOptions(dir=Path(spec["cache"]), **extra)
-    ds = StreamingDataset(spec["url"], BATCH, plan=PlanOptions(shuffle=True, seed=0), cache=cache)
+    options = _options(Path(spec["cache"]), extra)
+    ds = StreamingDataset(spec["url"], BATCH, plan=PlanOptions(shuffle=True, seed=0), **options)
     # stats=False only when asked: a --baseline checkout may predate the option.
     off = {} if spec.get("stats", True) else {"stats": False}
     loader = ShardstreamLoader(ds, num_workers=WORKERS, **off)

@@ -70,7 +70,13 @@ def main() -> None:
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         os.environ.setdefault(key, "bench")
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-    from shardstream.client import CacheOptions, PlanOptions, ShardstreamLoader, StreamingDataset
+    from shardstream.client import (
+        CacheOptions,
+        PlanOptions,
+        ReadOptions,
+        ShardstreamLoader,
+        StreamingDataset,
+    )
     from shardstream.storage import open_store
 
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -96,7 +102,8 @@ def main() -> None:
                 ds = StreamingDataset(
                     f"s3://{BUCKET}/ds/index.json",
                     32,
-                    cache=CacheOptions(dir=cache, **extra),  # type: ignore[arg-type]
+                    cache=CacheOptions(dir=cache),
+                    read=ReadOptions(**extra),  # type: ignore[arg-type]
                     plan=PlanOptions(seed=1),
                 )
                 opened = time.perf_counter()

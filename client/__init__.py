@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         DecodeOptions,
         PackOptions,
         PlanOptions,
+        ReadOptions,
         ServerOptions,
         Source,
     )
@@ -38,6 +39,7 @@ __all__ = [
     "Phase",
     "PlanOptions",
     "RandomResizedCropFlip",
+    "ReadOptions",
     "ReaderState",
     "ServerOptions",
     "ShardstreamLoader",
@@ -55,6 +57,7 @@ _HOMES = {
     "Phase": "plan",
     "PlanOptions": "options",
     "RandomResizedCropFlip": "batches.image_augment",
+    "ReadOptions": "options",
     "ReaderState": "state",
     "ServerOptions": "options",
     "ShardstreamLoader": "loader",

@@ -35,8 +35,10 @@ from shardstream.client.options import (
     DecodeOptions,
     PackOptions,
     PlanOptions,
+    ReadOptions,
     ServerOptions,
     Source,
+    read_options,
 )
 from shardstream.client.sources.source import ResolvedSource, resolve_source
 from shardstream.client.state import ReaderState
@@ -78,6 +80,9 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
     every sample inside the worker (images as ``uint8`` ``(C, H, W)`` tensors; random
     augmentations replay exactly on resume: :mod:`~shardstream.client.batches.sample_transform`),
     then the samples are collated; ``transform`` is applied to every whole batch.
+    ``cache`` is the node's disk cache (:class:`CacheOptions`), ``read`` how shards are
+    read from storage into it or into memory (:class:`ReadOptions`: downloads, ranged and
+    piece reads, the cacheless mode).
     ``pack`` packs each batch of documents into fixed-length rows (:class:`PackOptions`;
     docs/training.md "Packing and masks"); ``batch_size`` then counts documents.
 
@@ -98,6 +103,7 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         *,
         plan: PlanOptions | None = None,
         cache: CacheOptions | None = None,
+        read: ReadOptions | None = None,
         decode: DecodeOptions | None = None,
         server: ServerOptions | None = None,
         topology: Topology | None = None,
@@ -116,6 +122,7 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
 
             check_run(server)  # now, not at the first commit hours into training
         cache = cache or CacheOptions()
+        reading = read_options(cache, read)  # ConfigError if both carry read settings
         self.resolved: list[ResolvedSource] = [
             resolve_source(s, server, cache.root, require_hashes=cache.require_hashes)
             for s in specs
@@ -130,6 +137,7 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             topology=self.topology,
             plan=plan or PlanOptions(),
             cache=cache,
+            read=reading,
             spec=columns,
             transform=transform,
             sample_transform=sample_transform,

@@ -1,19 +1,21 @@
 """Grouped, validated options of :class:`~shardstream.client.StreamingDataset`.
 
 Each group is a small frozen dataclass, so a configuration reads as a few named values
-and can be shared between runs: ``PlanOptions`` (sample order), ``CacheOptions`` (node
-cache and downloads), ``DecodeOptions`` (what a batch holds), ``ServerOptions`` (the
-metadata server for named datasets and checkpoints), and ``Source`` (one dataset of a
-mixture).
+and can be shared between runs: ``PlanOptions`` (sample order), ``CacheOptions`` (the
+node's disk cache), ``ReadOptions`` (how a process reads shard bytes from storage),
+``DecodeOptions`` (what a batch holds), ``ServerOptions`` (the metadata server for named
+datasets and checkpoints), and ``Source`` (one dataset of a mixture).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from shardstream.client.plan._weights import MixtureSchedule
 from shardstream.errors import ConfigError
@@ -23,8 +25,10 @@ __all__ = [
     "DecodeOptions",
     "PackOptions",
     "PlanOptions",
+    "ReadOptions",
     "ServerOptions",
     "Source",
+    "read_options",
 ]
 
 TailPolicy = Literal["drop", "pad"]
@@ -173,78 +177,154 @@ def default_cache_dir() -> Path:
 
 
 @dataclass(frozen=True)
+class ReadOptions:
+    """How a process reads shard bytes from storage (``docs/storage.md``, "Reading from
+    object storage at scale"); the node's disk cache itself is :class:`CacheOptions`.
+
+    Its fields, by concern:
+
+    * *Downloads* (how many at once, how far ahead): ``download_threads``,
+      ``prefetch_shards``.
+    * *Ranged reads* (what one read fetches): with ``ranged_reads`` the samples of the next
+      ``read_ahead_batches`` batches are fetched first as block-aligned ranged reads of at
+      most ``range_bytes``, verified against the index's per-block digests, and a batch
+      waits only for its own blocks; the rest of each shard is filled into the cache in
+      the background. ``piece_read_batches`` reads a cold process's first batches by
+      64 KiB piece. ``unverified_blocks`` says how shards whose index records no block
+      digests are read: ``"whole_shard"`` fetches them whole (verified against the file
+      hash before use), ``"verify_on_completion"`` reads them by range too and checks the
+      file hash only once the shard is complete (cache mode; batches may use bytes before
+      that check), ``"refuse"`` raises :class:`ConfigError`. zstd shards are always
+      fetched whole.
+    * *Where the bytes go without a cache*: ``memory_only`` is the cacheless mode (no disk
+      at all: :class:`CacheOptions` is then unused), blocks read by range into at most
+      ``memory_budget_bytes`` per process.
+
+    >>> ReadOptions(piece_read_batches=0).ranged_reads
+    True
+    """
+
+    download_threads: int = 2
+    """Downloads: parallel shard downloads (and at least this many ranged-read threads)
+    per worker process."""
+    prefetch_shards: int = 2
+    """Downloads: shards after the one being read that are fetched ahead."""
+    ranged_reads: bool = True
+    """Ranged reads: read uncompressed remote shards by block range (``False``: whole)."""
+    range_bytes: int = 8 << 20
+    """Ranged reads: the largest coalesced ranged GET."""
+    read_ahead_batches: int = 16
+    """Ranged reads: batches whose blocks are requested ahead of the one being built."""
+    piece_read_batches: int = 1
+    """Ranged reads: the first batches a process builds read their samples by piece
+    (64 KiB, checked against the digests in the shard header) instead of by block, so a
+    cold first batch does not wait for 4 MiB blocks; 0 turns it off. More than 1 rarely
+    helps: a later batch's pieces queue behind the blocks then in flight."""
+    unverified_blocks: UnverifiedBlocks = "whole_shard"
+    """Ranged reads: shards without block digests (see above)."""
+    memory_only: bool = False
+    """Cacheless: hold shards in memory only, never touching the node cache."""
+    memory_budget_bytes: int = 2 << 30
+    """Cacheless: bytes of blocks held per process; must cover the window's need
+    (checked before the first read)."""
+
+    def __post_init__(self) -> None:
+        for name in ("download_threads", "range_bytes", "memory_budget_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"ReadOptions.{name} must be >= 1, got {getattr(self, name)}")
+        if self.read_ahead_batches < 1:
+            raise ConfigError(
+                f"ReadOptions.read_ahead_batches must be >= 1, got {self.read_ahead_batches}"
+            )
+        for name in ("piece_read_batches", "prefetch_shards"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"ReadOptions.{name} must be >= 0, got {getattr(self, name)}")
+        if self.unverified_blocks not in ("whole_shard", "verify_on_completion", "refuse"):
+            raise ConfigError(
+                "ReadOptions.unverified_blocks must be 'whole_shard', 'verify_on_completion' "
+                f"or 'refuse', got {self.unverified_blocks!r}"
+            )
+
+
+READ_KNOBS = tuple(f.name for f in dataclasses.fields(ReadOptions))
+"""The fields of :class:`ReadOptions`, which :class:`CacheOptions` still accepts (deprecated)."""
+
+
+@dataclass(frozen=True)
 class CacheOptions:
-    """The node-local shard cache and the downloads that fill it.
+    """The node-local shard cache: where it is, how large, what it keeps open.
 
     ``dir`` is shared by every rank and worker of a node (default
     :func:`default_cache_dir`); ``limit_bytes`` bounds it (LRU, never evicting a shard in
-    use; it must hold at least the shards open at once). ``download_threads`` is the
-    number of parallel shard downloads per worker process; ``prefetch_shards`` how many
-    shards ahead of the one being read are fetched; ``open_shards`` how many shards a
-    worker keeps leased and memory-mapped.
+    use; it must hold at least the shards open at once); ``open_shards`` is how many
+    shards a worker keeps leased and memory-mapped; ``require_hashes`` (below) decides
+    which datasets may enter it.
 
-    Reads from object storage (``docs/storage.md``, "Reading from object storage at
-    scale"): with ``ranged_reads`` the samples of the next ``read_ahead_batches`` batches
-    are fetched first as block-aligned ranged reads of at most ``range_bytes``, verified
-    against the index's per-block digests, and a batch waits only for its own blocks; the
-    rest of each shard is filled into the cache in the background. ``memory_only`` is the
-    cacheless mode: no disk at all, blocks read by range into at most
-    ``memory_budget_bytes`` per process. ``unverified_blocks`` says what to do with shards
-    whose index records no block digests: ``"whole_shard"`` fetches them whole (verified
-    against the file hash before use), ``"verify_on_completion"`` reads them by range too
-    and checks the file hash only once the shard is complete (cache mode; batches may use
-    bytes before that check), ``"refuse"`` raises :class:`ConfigError`. zstd shards are
-    always fetched whole.
+    How shards are read into it (downloads, ranged and piece reads, the cacheless mode) is
+    :class:`ReadOptions`, given to ``StreamingDataset(read=...)``. Its fields are still
+    accepted here for a release, with a :class:`DeprecationWarning`, and take effect as if
+    given in ``ReadOptions`` (setting them in both places is a :class:`ConfigError`); read
+    back here, a field not given is ``None``.
     """
 
     dir: Path | None = None
     limit_bytes: int | None = None
-    download_threads: int = 2
-    prefetch_shards: int = 2
     open_shards: int = 8
-    ranged_reads: bool = True
-    range_bytes: int = 8 << 20
-    read_ahead_batches: int = 16
-    piece_read_batches: int = 1
-    """The first batches a process builds read their samples by piece (64 KiB, checked
-    against the digests in the shard header) instead of by block, so a cold first batch
-    does not wait for 4 MiB blocks; 0 turns it off. More than 1 rarely helps: a later
-    batch's pieces queue behind the blocks then in flight."""
-    memory_only: bool = False
-    memory_budget_bytes: int = 2 << 30
-    unverified_blocks: UnverifiedBlocks = "whole_shard"
     require_hashes: bool = False
     """Refuse (:class:`ConfigError`) a dataset with shards whose index records no hash
     the client can compute; by default they are read with a warning once per dataset.
     Every shard that has one is verified whenever it enters the cache or may have changed."""
+    # Deprecated: ReadOptions' fields, accepted here for a release (see read_options).
+    download_threads: int | None = field(default=None, repr=False)
+    prefetch_shards: int | None = field(default=None, repr=False)
+    ranged_reads: bool | None = field(default=None, repr=False)
+    range_bytes: int | None = field(default=None, repr=False)
+    read_ahead_batches: int | None = field(default=None, repr=False)
+    piece_read_batches: int | None = field(default=None, repr=False)
+    memory_only: bool | None = field(default=None, repr=False)
+    memory_budget_bytes: int | None = field(default=None, repr=False)
+    unverified_blocks: UnverifiedBlocks | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.limit_bytes is not None and self.limit_bytes < 1:
             raise ConfigError(f"CacheOptions.limit_bytes must be >= 1, got {self.limit_bytes}")
-        for name in ("download_threads", "open_shards"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"CacheOptions.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("range_bytes", "memory_budget_bytes", "read_ahead_batches"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"CacheOptions.{name} must be >= 1, got {getattr(self, name)}")
-        if self.piece_read_batches < 0:
-            raise ConfigError(
-                f"CacheOptions.piece_read_batches must be >= 0, got {self.piece_read_batches}"
+        if self.open_shards < 1:
+            raise ConfigError(f"CacheOptions.open_shards must be >= 1, got {self.open_shards}")
+        knobs = self.read_knobs()
+        if knobs:
+            ReadOptions(**knobs)  # the values are checked now, as before
+            given = ", ".join(f"{k}=..." for k in knobs)
+            warnings.warn(
+                f"CacheOptions({given}) is deprecated and will be removed in the next "
+                f"release: pass StreamingDataset(..., read=ReadOptions({given})) instead",
+                DeprecationWarning,
+                stacklevel=3,
             )
-        if self.unverified_blocks not in ("whole_shard", "verify_on_completion", "refuse"):
-            raise ConfigError(
-                "CacheOptions.unverified_blocks must be 'whole_shard', 'verify_on_completion' "
-                f"or 'refuse', got {self.unverified_blocks!r}"
-            )
-        if self.prefetch_shards < 0:
-            raise ConfigError(
-                f"CacheOptions.prefetch_shards must be >= 0, got {self.prefetch_shards}"
-            )
+
+    def read_knobs(self) -> dict[str, Any]:
+        """The deprecated :class:`ReadOptions` fields given here, by name."""
+        return {k: getattr(self, k) for k in READ_KNOBS if getattr(self, k) is not None}
 
     @property
     def root(self) -> Path:
         """The cache folder in force."""
         return self.dir if self.dir is not None else default_cache_dir()
+
+
+def read_options(cache: CacheOptions, read: ReadOptions | None) -> ReadOptions:
+    """The :class:`ReadOptions` in force: ``read``, else the deprecated read fields given
+    to ``cache``, else the defaults; :class:`ConfigError` if both carry read settings."""
+    knobs = cache.read_knobs()
+    if knobs and read is not None:
+        given = ", ".join(knobs)
+        raise ConfigError(
+            f"read settings given twice: CacheOptions({given}) (deprecated) and "
+            f"read=ReadOptions(...); move {given} into ReadOptions and drop them from "
+            "CacheOptions"
+        )
+    if knobs:
+        return ReadOptions(**knobs)
+    return read if read is not None else ReadOptions()
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,7 @@ def compute_footprint(stream: BatchStream, num_workers: int = 0, epoch: int = 0)
         seen += len(bs)
         if seen >= SAMPLED_BATCHES:
             break
-    per_reader = pinned + options.prefetch_shards
+    per_reader = pinned + stream.read_options.prefetch_shards
     ranks = stream.topology.local_world_size or 1
     sizes = np.sort(
         np.array([s.raw_data.bytes for src in stream.sources for s in src.shards], np.int64)

@@ -26,7 +26,7 @@ from shardstream.client.batches.packed import Packer
 from shardstream.client.batches.sample_transform import SampleStage, SampleTransform
 from shardstream.client.batches.step_tokens import tokens_per_step
 from shardstream.client.distributed import Topology
-from shardstream.client.options import CacheOptions, PackOptions, PlanOptions
+from shardstream.client.options import CacheOptions, PackOptions, PlanOptions, ReadOptions
 from shardstream.client.plan import PLAN_ALGORITHM, MixtureSchedule, PlanConfig, SourceSpec
 from shardstream.client.plan._defaults import adopt_saved, default_shape
 from shardstream.client.plan._fingerprint import plan_fingerprint
@@ -61,6 +61,7 @@ class BatchStream:
         topology: Topology,
         plan: PlanOptions,
         cache: CacheOptions,
+        read: ReadOptions,
         spec: ColumnSpec,
         transform: BatchTransform | None = None,
         sample_transform: SampleTransform | None = None,
@@ -72,6 +73,7 @@ class BatchStream:
         self.batch_size = batch_size
         self.topology = topology
         self.cache_options = cache
+        self.read_options = read
         self.spec = spec
         self.transform = transform
         self.options = plan
@@ -233,7 +235,9 @@ class BatchStream:
         if self._reads is None or self._reads_pid != os.getpid():
             if self._reads_pid != os.getpid():
                 self.read_stats = BlockStats()  # counts of this process only
-            self._reads = ShardReads(self.sources, self.cache_options, stats=self.read_stats)
+            self._reads = ShardReads(
+                self.sources, self.cache_options, self.read_options, stats=self.read_stats
+            )
             self._reads_pid = os.getpid()
         return self._reads
 
@@ -246,7 +250,7 @@ class BatchStream:
             self.topology.rank, self.topology.world_size, start
         )
         sizes = np.array([self._shard_bytes[int(s)] for s in shards.tolist()], dtype=np.int64)
-        lead = self.cache_options.read_ahead_batches * step + MAX_CHUNK * step
+        lead = self.read_options.read_ahead_batches * step + MAX_CHUNK * step
         return window_need_bytes(first, last, sizes, lead=lead)
 
     def batches(
@@ -292,7 +296,7 @@ class BatchStream:
         # Chunks planned but not built yet: their samples' blocks are fetched ahead.
         window: deque[_Chunk] = deque()
         queued, first = 0, True
-        read_ahead = self.cache_options.read_ahead_batches
+        read_ahead = self.read_options.read_ahead_batches
         for chunk in planned:
             reads.want(chunk[2], chunk[3], chunk[0])
             window.append(chunk)

@@ -142,7 +142,7 @@ class ShardLeases:
 
     def release_unused(self, keep: set[int]) -> None:
         """Release least recently used leases beyond ``open_shards``, never one in ``keep``."""
-        excess = len(self._open) - max(self._shared.options.open_shards, len(keep))
+        excess = len(self._open) - max(self._shared.open_shards, len(keep))
         for shard in list(self._open):
             if excess <= 0:
                 break

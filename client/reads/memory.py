@@ -203,7 +203,7 @@ class MemoryShards:
         if excess > 0 and not self._warned:
             self._warned = True
             log.warning(
-                "cacheless reads need %d bytes more than CacheOptions.memory_budget_bytes=%d "
+                "cacheless reads need %d bytes more than ReadOptions.memory_budget_bytes=%d "
                 "for the batches in flight; continuing over budget (raise it, or lower the "
                 "batch size or the plan window)",
                 excess,
@@ -236,5 +236,5 @@ def check_budget(budget: int, info: ShardInfo) -> None:
     if info.raw_data.bytes > budget:
         raise ConfigError(
             f"shard {info.raw_data.basename} ({info.raw_data.bytes} bytes) must be read whole "
-            f"but CacheOptions.memory_budget_bytes is {budget}; raise the budget"
+            f"but ReadOptions.memory_budget_bytes is {budget}; raise the budget"
         )

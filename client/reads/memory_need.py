@@ -43,7 +43,7 @@ def check_memory_need(budget: int, need: int) -> None:
     if need > budget:
         raise ConfigError(
             f"cacheless reads need {need} bytes of memory for the plan's mixing window "
-            f"(the shards read at once), but CacheOptions.memory_budget_bytes is {budget}: "
+            f"(the shards read at once), but ReadOptions.memory_budget_bytes is {budget}: "
             f"blocks would be evicted before their last use and fetched again. Raise "
             f"memory_budget_bytes to at least {need}, or lower PlanOptions.window / "
             "num_partitions, or use the cache mode"

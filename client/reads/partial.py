@@ -19,7 +19,7 @@ it to act; none takes its lock.
 
 Without per-block digests (older indexes), blocks cannot be verified on arrival; the
 read path only builds a ``PartialShard`` for them when the user allowed it
-(``CacheOptions.unverified_blocks="verify_on_completion"``), and the whole file is
+(``ReadOptions.unverified_blocks="verify_on_completion"``), and the whole file is
 checked against its hash once complete.
 """
 

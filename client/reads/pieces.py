@@ -4,7 +4,7 @@ A batch of 32 random samples touches ~32 blocks of its shards; reading them whol
 the first batch moves 128 MB. Shards written with a piece table
 (:mod:`shardstream.mds._pieces`) carry the digest of every 64 KiB of samples in their header,
 which a ranged reader fetches and verifies first anyway. For its first
-``CacheOptions.piece_read_batches`` batches a process therefore reads only the pieces that
+``ReadOptions.piece_read_batches`` batches a process therefore reads only the pieces that
 hold their samples (coalesced, ahead of every block read), checks each against the table,
 writes it in place in the shard's file and builds the batch from there. The blocks are still
 requested behind them, and serve every later batch.

@@ -119,7 +119,7 @@ def reads_ranged(
         raise ConfigError(
             f"shard {shard.name} of {source!r} has no per-block digests, so its blocks cannot "
             "be verified; rebuild the dataset with block digests or set "
-            "CacheOptions.unverified_blocks='whole_shard'"
+            "ReadOptions.unverified_blocks='whole_shard'"
         )
     return unverified_blocks == "verify_on_completion" and cached
 
@@ -195,7 +195,7 @@ def fills_now(first_chunk_built: bool) -> bool:
 
 class PieceBatches:
     """The cold-start rule for piece reads: a process's first ``budget`` batches
-    (``CacheOptions.piece_read_batches``) read their samples by piece.
+    (``ReadOptions.piece_read_batches``) read their samples by piece.
 
     Whole chunks only: once a chunk holds more batches than are left, no later chunk (they
     only grow) reads by piece. The stream shows each chunk twice, first as look-ahead

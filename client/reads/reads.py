@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from shardstream.client.cache.shard_cache import ShardCache
-from shardstream.client.options import CacheOptions
+from shardstream.client.options import CacheOptions, ReadOptions
 from shardstream.client.reads.demand import BlockDemand
 from shardstream.client.reads.fills import ShardFills
 from shardstream.client.reads.io import BlockStats
@@ -78,7 +78,7 @@ class ShardReads:
 
     The contract, in this order (each call may be repeated as shown)::
 
-        reads = ShardReads(sources, options)
+        reads = ShardReads(sources, cache, read)
         reads.start_pass(ReadPass(...))              # an epoch pass from its resume point
         for each chunk of batches, in plan order:
             reads.want(shards, local, batches)        # look-ahead: returns at once
@@ -97,19 +97,18 @@ class ShardReads:
     def __init__(
         self,
         sources: Sequence[ResolvedSource],
-        options: CacheOptions,
+        cache: CacheOptions,
+        read: ReadOptions,
         *,
         stats: BlockStats | None = None,
     ) -> None:
-        cache = (
-            None
-            if options.memory_only
-            else ShardCache(options.root, limit_bytes=options.limit_bytes)
-        )
         self.shared = SharedReads(
             catalog=ShardCatalog(sources),
-            options=options,
-            cache=cache,
+            options=read,
+            cache=None
+            if read.memory_only
+            else ShardCache(cache.root, limit_bytes=cache.limit_bytes),
+            open_shards=cache.open_shards,
             stats=stats if stats is not None else BlockStats(),
         )
         self.fills = ShardFills(self.shared)

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardstream.client.cache.shard_cache import ShardCache
-from shardstream.client.options import CacheOptions
+from shardstream.client.options import ReadOptions
 from shardstream.client.reads.io import BlockStats
 from shardstream.client.reads.memory import MemoryShards
 from shardstream.client.reads.partial import PartialShard
@@ -79,9 +79,11 @@ class SharedReads:
     """
 
     catalog: ShardCatalog
-    options: CacheOptions
+    options: ReadOptions
     cache: ShardCache | None
     """The node cache (``None``: cacheless, ``memory_only``)."""
+    open_shards: int
+    """Shards kept leased and open (``CacheOptions.open_shards``)."""
     stats: BlockStats
     peers: MemoryPeers = field(default_factory=MemoryPeers)
     """The node's other reading processes' memory files (they read each other's blocks)."""

@@ -15,6 +15,7 @@ EXPORTED = [
     "Phase",
     "PlanOptions",
     "RandomResizedCropFlip",
+    "ReadOptions",  # added on purpose: the read knobs split out of CacheOptions (issue 23)
     "ReaderState",
     "ServerOptions",
     "ShardstreamLoader",

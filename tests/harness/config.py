@@ -54,8 +54,8 @@ class DataSettings:
     cache_dir: str | None = None
     cache_limit_bytes: int | None = None
     open_shards: int | None = None  # CacheOptions.open_shards (None: its default)
-    prefetch_shards: int | None = None  # CacheOptions.prefetch_shards (None: its default)
-    cache_extra: dict[str, object] = field(default_factory=dict)  # more CacheOptions fields
+    prefetch_shards: int | None = None  # ReadOptions.prefetch_shards (None: its default)
+    read_extra: dict[str, object] = field(default_factory=dict)  # more ReadOptions fields
     # A .npy of every sample's tokens by global id: each batch is checked against it
     # (datasets without the harness's own ``id`` column, e.g. one from the text builder).
     expected_tokens: str | None = None

@@ -105,6 +105,7 @@ def _build_shardstream_loader(cfg: TrainerConfig, rank: int, world_size: int) ->
         DecodeOptions,
         PackOptions,
         PlanOptions,
+        ReadOptions,
         ServerOptions,
     )
     from shardstream.client.plan import MixtureSchedule
@@ -125,12 +126,11 @@ def _build_shardstream_loader(cfg: TrainerConfig, rank: int, world_size: int) ->
         cache=CacheOptions(
             dir=None if data.cache_dir is None else Path(data.cache_dir),
             limit_bytes=data.cache_limit_bytes,
-            **{
-                name: value
-                for name in ("open_shards", "prefetch_shards")
-                if (value := getattr(data, name)) is not None
-            },
-            **data.cache_extra,  # type: ignore[arg-type]
+            **({} if data.open_shards is None else {"open_shards": data.open_shards}),
+        ),
+        read=ReadOptions(
+            **({} if data.prefetch_shards is None else {"prefetch_shards": data.prefetch_shards}),
+            **data.read_extra,  # type: ignore[arg-type]
         ),
         decode=DecodeOptions(sample_ids=True),
         server=None if data.server is None else ServerOptions(url=data.server, run=data.run_id),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shardstream.client import CacheOptions, PlanOptions, StreamingDataset
+from shardstream.client import CacheOptions, PlanOptions, ReadOptions, StreamingDataset
 from shardstream.client.batches.footprint import CacheFootprint
 from tests.client.test_dataset_support import ids_of, write_tokens
 
@@ -19,8 +19,10 @@ N = 2000
 
 
 def make(tokens: Path, cache: Path, limit: int | None) -> StreamingDataset:
-    options = CacheOptions(dir=cache, limit_bytes=limit, open_shards=1, prefetch_shards=0)
-    return StreamingDataset(str(tokens / "index.json"), 4, cache=options, plan=PlanOptions(seed=3))
+    options = CacheOptions(dir=cache, limit_bytes=limit, open_shards=1)
+    read = ReadOptions(prefetch_shards=0)
+    url = str(tokens / "index.json")
+    return StreamingDataset(url, 4, cache=options, read=read, plan=PlanOptions(seed=3))
 
 
 def over_limit_warnings(caplog: pytest.LogCaptureFixture) -> int:
@@ -62,8 +64,8 @@ def test_workers_and_ranks_per_node_multiply_the_footprint(tmp_path: Path) -> No
 
     write_tokens(tmp_path / "ds", N, size_limit=600)
     url = str(tmp_path / "ds" / "index.json")
-    options = CacheOptions(dir=tmp_path / "c", open_shards=2, prefetch_shards=1)
-    ds = StreamingDataset(url, 4, cache=options, topology=Topology(0, 4, 0, 2))
+    options, read = CacheOptions(dir=tmp_path / "c", open_shards=2), ReadOptions(prefetch_shards=1)
+    ds = StreamingDataset(url, 4, cache=options, read=read, topology=Topology(0, 4, 0, 2))
     one, four = ds.footprint(0), ds.footprint(4)
     assert one.ranks_per_node == 2 and one.readers_per_rank == 1
     assert one.shards_per_reader == one.shards_pinned + 1

@@ -21,7 +21,13 @@ from typing import Any
 
 import pytest
 
-from shardstream.client import CacheOptions, PlanOptions, ShardstreamLoader, StreamingDataset
+from shardstream.client import (
+    CacheOptions,
+    PlanOptions,
+    ReadOptions,
+    ShardstreamLoader,
+    StreamingDataset,
+)
 from tests.client.reads.test_ranged_reads import _upload, _write
 from tests.fixtures.fd_guard import open_fds
 from tests.fixtures.s3 import S3Bucket
@@ -57,8 +63,6 @@ def _settled(want: int, timeout_s: float = 10.0) -> int:
         time.sleep(0.05)
 
 
-# CacheOptions(memory_only=...) while ReadOptions is being introduced (it moves there).
-@pytest.mark.filterwarnings("ignore:CacheOptions.*deprecated:DeprecationWarning")
 @pytest.mark.parametrize("via", ["dataset", "loader", "stream"])
 @pytest.mark.parametrize("cacheless", [False, True], ids=["cache", "cacheless"])
 def test_an_abandoned_pass_gives_its_descriptors_back(
@@ -68,7 +72,8 @@ def test_an_abandoned_pass_gives_its_descriptors_back(
     ds = StreamingDataset(
         url,
         8,
-        cache=CacheOptions(dir=tmp_path / "cache", memory_only=cacheless),
+        cache=CacheOptions(dir=tmp_path / "cache"),
+        read=ReadOptions(memory_only=cacheless),
         plan=PlanOptions(seed=3),
     )
     it: Iterator[Any]

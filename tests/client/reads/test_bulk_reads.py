@@ -16,7 +16,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shardstream.client import CacheOptions, PlanOptions, ShardstreamLoader, StreamingDataset
+from shardstream.client import (
+    CacheOptions,
+    PlanOptions,
+    ReadOptions,
+    ShardstreamLoader,
+    StreamingDataset,
+)
 from shardstream.client.reads.link import BULK_RTTS, LinkEstimate
 from shardstream.client.reads.ranges import lengthen
 from shardstream.mds import MDSWriter, load_index
@@ -88,8 +94,8 @@ def test_an_epoch_reads_each_shard_in_a_few_long_ranges(
     monkeypatch.setenv("AWS_ENDPOINT_URL", cloud_emulator.endpoint_url)
     # Ranges of at most one block unless lengthened: 64 KiB at the emulator's 20 ms and
     # 90 MB/s per connection is a round trip for 0.7 ms of transfer.
-    cache = CacheOptions(dir=tmp_path / "cache", range_bytes=BLOCK)
-    ds = StreamingDataset(url, 32, cache=cache, plan=PlanOptions(seed=2))
+    cache, read = CacheOptions(dir=tmp_path / "cache"), ReadOptions(range_bytes=BLOCK)
+    ds = StreamingDataset(url, 32, cache=cache, read=read, plan=PlanOptions(seed=2))
     loader = ShardstreamLoader(ds, num_workers=workers)
     ids: list[int] = []
     for batch in loader:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from shardstream.client import CacheOptions, PlanOptions, StreamingDataset
+from shardstream.client import PlanOptions, ReadOptions, StreamingDataset
 from shardstream.errors import ConfigError
 from tests.client.reads.test_ranged_reads import N, _read, _through, _upload, _write
 from tests.fixtures.cloud_emulator import CloudEmulator
@@ -34,7 +34,7 @@ def dataset(s3_bucket: S3Bucket, tmp_path: Path) -> tuple[str, int]:
 def _need(url: str, plan: PlanOptions | None = None) -> int:
     """The bytes the plan's window needs, as the stream computes them."""
     plan = plan or PlanOptions(seed=3)
-    ds = StreamingDataset(url, 8, cache=CacheOptions(memory_only=True), plan=plan)
+    ds = StreamingDataset(url, 8, read=ReadOptions(memory_only=True), plan=plan)
     try:
         return ds.stream.memory_need(0, 0)
     finally:
@@ -50,7 +50,7 @@ def test_budget_below_the_window_need_is_refused_before_any_block(
     assert 0 < need <= total
     cloud_emulator.reset()
     with pytest.raises(ConfigError, match=rf"memory_budget_bytes.*{need}"):
-        _read(url, CacheOptions(memory_only=True, memory_budget_bytes=need // 2))
+        _read(url, read=ReadOptions(memory_only=True, memory_budget_bytes=need // 2))
     # Refused up front: no sample block was fetched (at most the index and headers).
     assert cloud_emulator.stats()["body_bytes"] < total / 4
 
@@ -62,7 +62,7 @@ def test_budget_just_above_the_need_fetches_each_byte_about_once(
     _through(cloud_emulator, monkeypatch)
     need = _need(url)
     cloud_emulator.reset()
-    ids, stats = _read(url, CacheOptions(memory_only=True, memory_budget_bytes=need))
+    ids, stats = _read(url, read=ReadOptions(memory_only=True, memory_budget_bytes=need))
     assert sorted(ids) == list(range(N))
     assert total <= stats.bytes_fetched <= 1.05 * total
     assert cloud_emulator.stats()["body_bytes"] <= 1.05 * total + (64 << 10)  # + the index
@@ -80,7 +80,7 @@ def test_narrow_window_within_budget_frees_finished_shards(
     assert need < total * 0.8  # the budget below cannot hold the whole dataset
     cloud_emulator.reset()
     ds = StreamingDataset(
-        url, 8, cache=CacheOptions(memory_only=True, memory_budget_bytes=need), plan=plan
+        url, 8, read=ReadOptions(memory_only=True, memory_budget_bytes=need), plan=plan
     )
     ids = [i for batch in ds for i in batch["id"].tolist()]
     stats = ds.stream.read_stats
@@ -104,7 +104,7 @@ def test_two_workers_each_fetch_the_dataset_at_most_once(
     ds = StreamingDataset(
         url,
         8,
-        cache=CacheOptions(memory_only=True, memory_budget_bytes=need),
+        read=ReadOptions(memory_only=True, memory_budget_bytes=need),
         plan=PlanOptions(seed=3),
     )
     ids = [i for batch in DataLoader(ds, batch_size=None, num_workers=2) for i in batch["id"]]

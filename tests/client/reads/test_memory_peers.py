@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shardstream.client import CacheOptions, PlanOptions, ShardstreamLoader, StreamingDataset
+from shardstream.client import PlanOptions, ReadOptions, ShardstreamLoader, StreamingDataset
 from shardstream.client.cache.keys import key_to_name
 from shardstream.client.reads.peers import BlockClaims, MemoryPeers
 from tests.client.reads.test_ranged_reads import N, _through, _upload, _write, tokens_of
@@ -27,8 +27,8 @@ _NAMES: list[str] = []  # the node names of the last dataset read
 
 
 def _read_ids(url: str, workers: int) -> list[int]:
-    cache = CacheOptions(memory_only=True, memory_budget_bytes=64 << 20)
-    ds = StreamingDataset(url, 8, cache=cache, plan=PlanOptions(seed=5))
+    read = ReadOptions(memory_only=True, memory_budget_bytes=64 << 20)
+    ds = StreamingDataset(url, 8, read=read, plan=PlanOptions(seed=5))
     _NAMES[:] = [
         key_to_name(s.cache_key(i)) for s in ds.stream.sources for i in range(len(s.shards))
     ]

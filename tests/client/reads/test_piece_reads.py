@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shardstream.client import CacheOptions, PlanOptions, StreamingDataset
+from shardstream.client import CacheOptions, PlanOptions, ReadOptions, StreamingDataset
 from shardstream.client.distributed import Topology
 from shardstream.client.reads.io import read_verified
 from shardstream.errors import CorruptShardError, FormatError
@@ -64,8 +64,10 @@ def dataset(request: pytest.FixtureRequest, s3_bucket: S3Bucket, tmp_path: Path)
     return f"{s3_bucket.url}/pieces/index.json"
 
 
-def _open(url: str, cache: CacheOptions) -> StreamingDataset:
-    return StreamingDataset(url, BATCH, cache=cache, plan=PlanOptions(seed=5))
+def _open(
+    url: str, cache: CacheOptions | None = None, read: ReadOptions | None = None
+) -> StreamingDataset:
+    return StreamingDataset(url, BATCH, cache=cache, read=read, plan=PlanOptions(seed=5))
 
 
 def _ids(ds: StreamingDataset) -> list[int]:
@@ -87,8 +89,8 @@ def test_first_batch_reads_pieces_and_the_sequence_is_unchanged(
 ) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL", cloud_emulator.endpoint_url)
 
-    def options(name: str, **kw: Any) -> CacheOptions:
-        return CacheOptions(memory_only=memory_only, dir=tmp_path / name, **kw)
+    def options(name: str, **kw: Any) -> tuple[CacheOptions, ReadOptions]:
+        return CacheOptions(dir=tmp_path / name), ReadOptions(memory_only=memory_only, **kw)
 
     # Every block read waits until the first batch is out (or 20 s): a first batch that
     # needed any block would arrive only after a block read gave up waiting.
@@ -101,7 +103,7 @@ def test_first_batch_reads_pieces_and_the_sequence_is_unchanged(
         return real(*args, **kwargs)
 
     monkeypatch.setattr("shardstream.client.reads.sharing.read_verified", gated)
-    ds = _open(dataset, options("first"))
+    ds = _open(dataset, *options("first"))
     batches = iter(ds)  # kept: closing it waits for the reads in flight
     first = next(batches)
     gate.set()
@@ -110,8 +112,8 @@ def test_first_batch_reads_pieces_and_the_sequence_is_unchanged(
     assert len(first["id"]) == BATCH and not late
     monkeypatch.setattr("shardstream.client.reads.sharing.read_verified", real)
 
-    by_piece = _ids(_open(dataset, options("on")))
-    by_block = _ids(_open(dataset, options("off", piece_read_batches=0)))
+    by_piece = _ids(_open(dataset, *options("on")))
+    by_block = _ids(_open(dataset, *options("off", piece_read_batches=0)))
     assert by_piece == by_block and sorted(by_piece) == list(range(N))
 
 
@@ -141,11 +143,11 @@ def test_a_corrupt_piece_is_caught_and_fetched_again(
         return data
 
     monkeypatch.setattr(store_type, "read_range", flaky)
-    ids = _ids(_open(url, CacheOptions(memory_only=True, piece_read_batches=1 << 20)))
+    ids = _ids(_open(url, read=ReadOptions(memory_only=True, piece_read_batches=1 << 20)))
     assert sorted(ids) == list(range(N)) and len(flipped) == 1
     assert any("piece" in r.getMessage() and "corrupt" in r.getMessage() for r in caplog.records)
     monkeypatch.setattr(store_type, "read_range", real)
-    assert ids == _ids(_open(url, CacheOptions(memory_only=True, piece_read_batches=0)))
+    assert ids == _ids(_open(url, read=ReadOptions(memory_only=True, piece_read_batches=0)))
 
 
 def test_piece_table_is_checked_against_the_index(tmp_path: Path) -> None:
@@ -240,7 +242,8 @@ def test_ranks_read_the_few_samples_of_their_neighbours_shards_by_piece(
                 8,
                 # Boundary shards only: no first batches read by piece (on 600 samples
                 # per rank, their pieces would be a few percent more).
-                cache=CacheOptions(dir=tmp_path / f"{name}-node{rank}", piece_read_batches=0),
+                cache=CacheOptions(dir=tmp_path / f"{name}-node{rank}"),
+                read=ReadOptions(piece_read_batches=0),
                 plan=PlanOptions(seed=3),
                 topology=Topology(rank=rank, world_size=4),
             )

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shardstream.client import CacheOptions, PlanOptions, StreamingDataset
+from shardstream.client import CacheOptions, PlanOptions, ReadOptions, StreamingDataset
 from shardstream.client.distributed import Topology
 from shardstream.client.reads.ranges import (
     blocks_of_samples,
@@ -71,9 +71,14 @@ def dataset(s3_bucket: S3Bucket, tmp_path: Path) -> tuple[str, int]:
 
 
 def _read(
-    url: str, cache: CacheOptions, *, epoch: int = 0, opened: Callable[[], Any] | None = None
+    url: str,
+    cache: CacheOptions | None = None,
+    read: ReadOptions | None = None,
+    *,
+    epoch: int = 0,
+    opened: Callable[[], Any] | None = None,
 ) -> tuple[list[int], Any]:
-    ds = StreamingDataset(url, 8, cache=cache, plan=PlanOptions(seed=3))
+    ds = StreamingDataset(url, 8, cache=cache, read=read, plan=PlanOptions(seed=3))
     ds.set_epoch(epoch)
     if opened is not None:  # after the index is read, before any shard byte
         opened()
@@ -137,7 +142,7 @@ def test_same_sequence_whole_ranged_and_cacheless_with_faults(
 ) -> None:
     url, _ = dataset
     _through(cloud_emulator, monkeypatch)
-    whole, _ = _read(url, CacheOptions(dir=tmp_path / "c0", ranged_reads=False))
+    whole, _ = _read(url, CacheOptions(dir=tmp_path / "c0"), read=ReadOptions(ranged_reads=False))
     assert sorted(whole) == list(range(N))
     faults = {"cut_rate": 0.05, "error_rate": 0.05, "corrupt_rate": 0.03}
     clean = dict.fromkeys(faults, 0.0)
@@ -148,7 +153,7 @@ def test_same_sequence_whole_ranged_and_cacheless_with_faults(
     ranged, rstats = _read(url, CacheOptions(dir=tmp_path / "c1"), opened=faulty)
     cloud_emulator.configure(faults=clean)
     cacheless, mstats = _read(
-        url, CacheOptions(memory_only=True, memory_budget_bytes=8 << 20), opened=faulty
+        url, read=ReadOptions(memory_only=True, memory_budget_bytes=8 << 20), opened=faulty
     )
     cloud_emulator.configure(faults=clean)  # _num_shards reads index.json, which has no digest
     assert ranged == whole
@@ -171,7 +176,7 @@ def test_corrupt_block_is_detected_and_fetched_again(
     cloud_emulator.configure(latency_s=0.0)
     ids, stats = _read(
         url,
-        CacheOptions(memory_only=True),
+        read=ReadOptions(memory_only=True),
         opened=lambda: cloud_emulator.configure(faults={"corrupt_rate": 1.0, "corrupt_max": 2}),
     )
     assert sorted(ids) == list(range(N))  # and every row's tokens checked in _read
@@ -184,7 +189,7 @@ def test_cacheless_fetches_each_byte_about_once(
 ) -> None:
     url, total = dataset
     _through(cloud_emulator, monkeypatch)
-    ids, stats = _read(url, CacheOptions(memory_only=True, memory_budget_bytes=64 << 20))
+    ids, stats = _read(url, read=ReadOptions(memory_only=True, memory_budget_bytes=64 << 20))
     assert sorted(ids) == list(range(N))
     assert stats.bytes_evicted == 0
     assert total <= stats.bytes_fetched <= 1.05 * total
@@ -195,7 +200,7 @@ def test_first_batch_before_whole_shards(
 ) -> None:
     url, total = dataset
     _through(cloud_emulator, monkeypatch)
-    ds = StreamingDataset(url, 8, cache=CacheOptions(memory_only=True), plan=PlanOptions(seed=3))
+    ds = StreamingDataset(url, 8, read=ReadOptions(memory_only=True), plan=PlanOptions(seed=3))
     first = next(iter(ds))
     fetched = ds.stream.read_stats.bytes_fetched
     ds.stream.close()
@@ -214,7 +219,7 @@ def test_zstd_shards_are_read_whole_in_memory(
     _upload(tmp_path / "z", f"{s3_bucket.url}/z")
     _through(cloud_emulator, monkeypatch)
     url = f"{s3_bucket.url}/z/index.json"
-    ids, stats = _read(url, CacheOptions(memory_only=True, memory_budget_bytes=8 << 20))
+    ids, stats = _read(url, read=ReadOptions(memory_only=True, memory_budget_bytes=8 << 20))
     assert sorted(ids) == list(range(N))
     assert stats.requests == _num_shards(url)  # one whole read per shard
 
@@ -232,13 +237,15 @@ def test_shards_without_digests_follow_the_option(
     whole, wstats = _read(url, CacheOptions(dir=tmp_path / "c"))
     assert sorted(whole) == list(range(N)) and wstats.requests == 0  # fetched whole
     later, lstats = _read(
-        url, CacheOptions(dir=tmp_path / "d", unverified_blocks="verify_on_completion")
+        url,
+        CacheOptions(dir=tmp_path / "d"),
+        read=ReadOptions(unverified_blocks="verify_on_completion"),
     )
     assert later == whole and lstats.requests > 0
     from shardstream.errors import ConfigError
 
     with pytest.raises(ConfigError, match="no per-block digests"):
-        _read(url, CacheOptions(memory_only=True, unverified_blocks="refuse"))
+        _read(url, read=ReadOptions(memory_only=True, unverified_blocks="refuse"))
 
 
 def test_a_shard_opens_with_its_header_bytes_not_a_block(
@@ -250,7 +257,7 @@ def test_a_shard_opens_with_its_header_bytes_not_a_block(
     total = _upload(tmp_path / "h", url.rpartition("/")[0])
     shards = load_index(tmp_path / "h" / "index.json").shards
     heads = sum(s.header_digest.length for s in shards if s.header_digest is not None)
-    ds = StreamingDataset(url, 8, cache=CacheOptions(memory_only=True), plan=PlanOptions(seed=3))
+    ds = StreamingDataset(url, 8, read=ReadOptions(memory_only=True), plan=PlanOptions(seed=3))
     fills = ds.stream.reads().fills
     for shard in range(len(shards)):
         fills.partial(shard).reader()  # opens the shard: its header only
@@ -262,7 +269,7 @@ def test_a_shard_opens_with_its_header_bytes_not_a_block(
         key = next(k for k in hashes if k.startswith("header:"))
         hashes[key] = "0" * 16
     open_store(url.rpartition("/")[0]).write_bytes("index.json", json.dumps(index).encode())
-    bad = StreamingDataset(url, 8, cache=CacheOptions(memory_only=True), plan=PlanOptions(seed=3))
+    bad = StreamingDataset(url, 8, read=ReadOptions(memory_only=True), plan=PlanOptions(seed=3))
     with pytest.raises(HashMismatchError, match=r"header \(bytes 0-"):
         next(iter(bad))
     ds.stream.close()

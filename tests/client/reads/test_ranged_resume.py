@@ -70,7 +70,7 @@ def test_sigkill_mid_epoch_resumes_exactly(
             num_partitions=4,
             seed=5,
             cache_dir=str(tmp_path / "cache-whole"),
-            cache_extra={"ranged_reads": False},
+            read_extra={"ranged_reads": False},
         ),
         num_workers=2,
         checkpoint_every=CKPT_EVERY,
@@ -86,7 +86,7 @@ def test_sigkill_mid_epoch_resumes_exactly(
         num_partitions=4,
         seed=5,
         cache_dir=str(tmp_path / "cache-ranged"),
-        cache_extra=extra,
+        read_extra=extra,
     )
     ref = run_epoch(attempt(base, "ref", data=data, step_sleep_s=0.0), 2, env=env)
     for step in range(1, STEPS + 1):

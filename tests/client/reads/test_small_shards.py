@@ -15,7 +15,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shardstream.client import CacheOptions, PlanOptions, ShardstreamLoader, StreamingDataset
+from shardstream.client import (
+    CacheOptions,
+    PlanOptions,
+    ReadOptions,
+    ShardstreamLoader,
+    StreamingDataset,
+)
 from shardstream.mds import MDSWriter
 from shardstream.storage import open_store
 from tests.fixtures.cloud_emulator import CloudEmulator
@@ -99,8 +105,8 @@ def test_a_small_shard_is_read_once_cacheless(
     url, shards, total = small_shards
     monkeypatch.setenv("AWS_ENDPOINT_URL", cloud_emulator.endpoint_url)
     cloud_emulator.configure(latency_s=0.002)
-    cache = CacheOptions(memory_only=True, memory_budget_bytes=64 << 20)
-    ds = StreamingDataset(url, 16, cache=cache, plan=PlanOptions(seed=1))
+    read = ReadOptions(memory_only=True, memory_budget_bytes=64 << 20)
+    ds = StreamingDataset(url, 16, read=read, plan=PlanOptions(seed=1))
     ids = [i for batch in ds for i in _check(batch)]
     assert sorted(ids) == list(range(N))
     gets = _shard_gets(cloud_emulator)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shardstream.client import CacheOptions, PlanOptions, StreamingDataset
+from shardstream.client import CacheOptions, PlanOptions, ReadOptions, StreamingDataset
 from shardstream.client.reads.refetch import WHOLE_ATTEMPTS
 from shardstream.errors import HashMismatchError
 from shardstream.mds import MDSWriter
@@ -32,8 +32,11 @@ def _dataset(s3_bucket: S3Bucket, tmp_path: Path, compression: str | None) -> st
     return f"{s3_bucket.url}/whole/index.json"
 
 
-def _read(url: str, cache: CacheOptions, proxy: FaultyProxy, faults: Faults) -> list[int]:
-    ds = StreamingDataset(url, 8, cache=cache, plan=PlanOptions(seed=3))
+def _read(
+    url: str, options: tuple[CacheOptions, ReadOptions], proxy: FaultyProxy, faults: Faults
+) -> list[int]:
+    cache, read = options
+    ds = StreamingDataset(url, 8, cache=cache, read=read, plan=PlanOptions(seed=3))
     proxy.faults = faults  # after the index was read (it has no digest to check)
     ids: list[int] = []
     try:
@@ -70,9 +73,9 @@ def test_a_corrupted_whole_download_is_fetched_again(
     url = _dataset(s3_bucket, tmp_path, compression)
     monkeypatch.setenv("AWS_ENDPOINT_URL", faulty_proxy.endpoint_url)
     options = (
-        CacheOptions(dir=tmp_path / "cache", ranged_reads=False)
+        (CacheOptions(dir=tmp_path / "cache"), ReadOptions(ranged_reads=False))
         if cache == "cache"
-        else CacheOptions(memory_only=True, memory_budget_bytes=64 << 20)
+        else (CacheOptions(), ReadOptions(memory_only=True, memory_budget_bytes=64 << 20))
     )
     # Every download but the last allowed is corrupted.
     faults = Faults(corrupt_rate=1.0, corrupt_max=WHOLE_ATTEMPTS - 1)
@@ -87,7 +90,10 @@ def test_a_shard_wrong_every_time_fails_naming_it_after_the_attempts(
 ) -> None:
     url = _dataset(s3_bucket, tmp_path, None)
     monkeypatch.setenv("AWS_ENDPOINT_URL", faulty_proxy.endpoint_url)
-    options = CacheOptions(dir=tmp_path / "cache", ranged_reads=False, download_threads=1)
+    options = (
+        CacheOptions(dir=tmp_path / "cache"),
+        ReadOptions(ranged_reads=False, download_threads=1),
+    )
     with pytest.raises(
         HashMismatchError,
         match=rf"shard shard\.\d+\.mds failed .* all {WHOLE_ATTEMPTS} downloads.*re-upload it\): "

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from shardstream.api_client import APIClient
-from shardstream.client import CacheOptions, ServerOptions, Source, StreamingDataset
+from shardstream.client import CacheOptions, ReadOptions, ServerOptions, Source, StreamingDataset
 from shardstream.client.sources.source import resolve_source, split_index_url
 from shardstream.errors import ConfigError, HashMismatchError, NotFoundError
 from shardstream.shard_builder.publish import register_index
@@ -60,8 +60,8 @@ def test_s3_source_through_cache(
 ) -> None:
     write_tokens(tmp_path / "ds", N, size_limit=600, compression=compression)
     upload(tmp_path / "ds", f"{s3_bucket.url}/tokens")
-    cache = CacheOptions(dir=tmp_path / "cache", download_threads=3)
-    ds = StreamingDataset(f"{s3_bucket.url}/tokens/index.json", 4, cache=cache)
+    cache, read = CacheOptions(dir=tmp_path / "cache"), ReadOptions(download_threads=3)
+    ds = StreamingDataset(f"{s3_bucket.url}/tokens/index.json", 4, cache=cache, read=read)
     assert sorted(read_all(ds)) == list(range(N))
     cached = list((tmp_path / "cache").rglob("*.mds"))
     assert len(cached) == len(ds.resolved[0].shards)  # stored uncompressed, once each
