@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardstream.client.cache.shard_cache import live_caches
+from shardstream.client.cache.shard_cache import process_cache_counts
 from shardstream.storage import storage_counters
 from shardstream.wire._input_stats import LATENCY_BUCKETS_S, percentiles
 
@@ -158,8 +158,7 @@ class ProcessCounters:
         self._build_s = 0.0
         self._build_cpu_s = 0.0
         self._ring_used = self._ring_slots = self._chunks = 0
-        self._caches: weakref.WeakKeyDictionary[Any, tuple[int, int]] = weakref.WeakKeyDictionary()
-        self._hits = self._misses = 0
+        self._cache_base = process_cache_counts()
         self._base = self._storage()
 
     def building(self) -> _Timer:
@@ -178,15 +177,17 @@ class ProcessCounters:
             a - b for a, b in zip(self._storage(), self._base, strict=True)
         )
         stats = self._read_stats()
-        self._count_caches()
+        hits, misses = (
+            a - b for a, b in zip(process_cache_counts(), self._cache_base, strict=True)
+        )
         return SourceCounters(
             storage_requests=requests,
             storage_bytes=nbytes,
             throttled=throttled,
             retries=retries,
             peer_bytes=int(getattr(stats, "peer_bytes", 0)),
-            cache_hits=self._hits,
-            cache_misses=self._misses,
+            cache_hits=hits,
+            cache_misses=misses,
             build_s=self._build_s,
             build_cpu_s=self._build_cpu_s,
             ring_used=self._ring_used,
@@ -197,15 +198,6 @@ class ProcessCounters:
     @staticmethod
     def _storage() -> tuple[int, int, int, int]:
         return storage_counters()
-
-    def _count_caches(self) -> None:
-        # Caches come and go with the read path of each epoch: count each one's growth.
-        for cache in live_caches():
-            now = cache.stats()
-            hits, misses = self._caches.get(cache, (0, 0))
-            self._hits += now.hits - hits
-            self._misses += now.misses - misses
-            self._caches[cache] = (now.hits, now.misses)
 
 
 class _Timer:

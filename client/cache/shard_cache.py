@@ -64,7 +64,7 @@ from shardstream.client.cache.verify import (
 )
 from shardstream.errors import ConfigError, CorruptShardError
 
-__all__ = ["CacheStats", "Fetch", "ShardCache", "ShardLease", "live_caches"]
+__all__ = ["CacheStats", "Fetch", "ShardCache", "ShardLease", "process_cache_counts"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,9 @@ class _ProcessState:
 
 # Every live cache, so a forked child can give each one fresh per-process state.
 _CACHES: weakref.WeakSet[ShardCache] = weakref.WeakSet()
+# Hits and misses of every cache this process has had, closed ones too (zeroed in a child).
+_PROCESS_LOCK = threading.Lock()
+_PROCESS_COUNTS = [0, 0]
 # key -> (file name, data path) of recent keys; the hot path skips escaping and Path().
 _NAME_CACHE_SIZE = 65536
 
@@ -243,6 +246,7 @@ class ShardCache:
                 self._touch(name)
                 with self._state.lock:
                     self._state.stats.hits += 1
+                _count_process(hits=1)
                 return self._lease(key, data, pinned[0], size), False
             os.close(pinned[0])
             # A downloader renames a shard in and then records its marker (the rename
@@ -252,6 +256,7 @@ class ShardCache:
                 self._warn_refused(key, problem)
                 rejected = file_identity(pinned[1])
         self._count(misses=1)
+        _count_process(misses=1)
         return self._download(key, name, data, fetch, size=size, hashes=hashes, rejected=rejected)
 
     def _usable(
@@ -418,12 +423,23 @@ class ShardCache:
                 setattr(state.stats, field, getattr(state.stats, field) + delta)
 
 
-def live_caches() -> list[ShardCache]:
-    """The caches open in this process (each counts its own :class:`CacheStats`)."""
-    return list(_CACHES)
+def process_cache_counts() -> tuple[int, int]:
+    """(hits, misses) of every cache of this process since it started (or was forked),
+    including caches already closed: read paths come and go with each pass."""
+    with _PROCESS_LOCK:
+        return _PROCESS_COUNTS[0], _PROCESS_COUNTS[1]
+
+
+def _count_process(*, hits: int = 0, misses: int = 0) -> None:
+    with _PROCESS_LOCK:
+        _PROCESS_COUNTS[0] += hits
+        _PROCESS_COUNTS[1] += misses
 
 
 def _reset_after_fork() -> None:
+    global _PROCESS_LOCK  # noqa: PLW0603  (a lock held at the fork stays held in the child)
+    _PROCESS_LOCK = threading.Lock()
+    _PROCESS_COUNTS[:] = [0, 0]
     for cache in list(_CACHES):
         cache._after_fork()
 
