@@ -197,7 +197,12 @@ def test_the_shared_pool_closes_with_the_last_store_that_uses_it(s3_bucket: S3Bu
     every store that used it is closed, and a store used again opens a new one."""
     S3Store(s3_bucket.name).write_bytes("a.bin", b"abc")
     url = S3Store(s3_bucket.name).presign_get("a.bin", expires_s=600)
-    first, second = (HTTPStore(lambda keys, u=url: {k: u for k in keys}) for _ in range(2))
+    # Timeouts no other test uses: the pool is shared by options, and a store an earlier
+    # test left open would still hold the default pool.
+    options = StorageOptions(connect_timeout_s=9.25)
+    first, second = (
+        HTTPStore(lambda keys, u=url: {k: u for k in keys}, options=options) for _ in range(2)
+    )
     assert first.read_bytes("a.bin") == second.read_bytes("a.bin") == b"abc"
     pool = first._http.get()
     assert second._http.get() is pool
