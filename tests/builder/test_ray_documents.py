@@ -23,8 +23,8 @@ from shardstream.shard_builder import TextBuildConfig, build_text
 from shardstream.shard_builder.cluster import RayOptions, build_text_on_ray
 from shardstream.shard_builder.inputs import resolve_inputs
 from shardstream.shard_builder.text_source import plan_chunks
-from shardstream.storage import open_store
 from tests.builder.conftest import dir_bytes, make_docs, read_with_ours, write_jsonl, write_parquet
+from tests.builder.test_ray import _stored
 from tests.builder.test_ray_resume import _cli, _rerun, _run_until
 from tests.fixtures.ray_cluster import RayCluster
 from tests.fixtures.s3 import S3Bucket
@@ -34,11 +34,6 @@ pytestmark = pytest.mark.ray
 
 SMALL = {"shard_size": 8192, "allow_small_shards": True, "progress": False, "documents": True}
 CHUNK = 32 << 10  # as test_ray_resume's _cli
-
-
-def _stored(url: str) -> dict[str, bytes]:
-    store = open_store(url)
-    return {key: store.read_bytes(key) for key, _ in store.list()}
 
 
 def test_documents_on_two_nodes_are_byte_identical_to_the_local_build(

@@ -42,6 +42,15 @@ def write_tokens(
     return _load(out)
 
 
+def write_documents(out: Path, source: int, rng: np.random.Generator, *, docs: int = 200) -> None:
+    """``docs`` documents of 1-60 tokens (log-normal lengths) in ``out``, each token telling
+    its source (``>= source * 10**6``), its document (``1000 * doc``) and its position."""
+    with MDSWriter(out, {"tokens": "ndarray:uint32"}, size_limit=4 << 10) as writer:
+        for doc in range(docs):
+            n = int(np.clip(rng.lognormal(2.5, 0.7), 1, 60))
+            writer.write({"tokens": (np.arange(n) + 1000 * doc + source * 10**6).astype(np.uint32)})
+
+
 def _load(out: Path) -> MDSIndex:
     from shardstream.mds import load_index
 

@@ -24,9 +24,8 @@ from shardstream.client import (
 )
 from shardstream.client.plan import MixtureSchedule, Phase
 from shardstream.errors import ConfigError, ResumeError
-from shardstream.mds import MDSWriter
 from shardstream.shard_builder.publish import register_index
-from tests.client.test_dataset_support import write_tokens
+from tests.client.test_dataset_support import write_documents, write_tokens
 from tests.fixtures.server import LiveServer
 
 GLOBAL_BATCH = 8
@@ -47,10 +46,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     rng = np.random.default_rng(11)
     for s, name in enumerate(("web", "code")):
         path = tmp_path_factory.mktemp(name)
-        with MDSWriter(path, {"tokens": "ndarray:uint32"}, size_limit=4 << 10) as writer:
-            for doc in range(200):
-                n = int(np.clip(rng.lognormal(2.5, 0.7), 1, 60))
-                writer.write({"tokens": (np.arange(n) + 1000 * doc + s * 10**6).astype(np.uint32)})
+        write_documents(path, s, rng)
         out.append(str(path))
     return out
 

@@ -22,8 +22,7 @@ from shardstream.client import (
 )
 from shardstream.client.plan import MixtureSchedule, Phase
 from shardstream.errors import ConfigError, ResumeError
-from shardstream.mds import MDSWriter
-from tests.client.test_dataset_support import TOKENS, write_tokens
+from tests.client.test_dataset_support import TOKENS, write_documents, write_tokens
 
 GLOBAL_BATCH = 8
 PACK = PackOptions(seq_len=48, rows=3, group=2)
@@ -44,10 +43,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     rng = np.random.default_rng(5)
     for s, name in enumerate(("web", "code")):
         path = tmp_path_factory.mktemp(name)
-        with MDSWriter(path, {"tokens": "ndarray:uint32"}, size_limit=4 << 10) as writer:
-            for doc in range(200):
-                n = int(np.clip(rng.lognormal(2.5, 0.7), 1, 60))
-                writer.write({"tokens": (np.arange(n) + 1000 * doc + s * 10**6).astype(np.uint32)})
+        write_documents(path, s, rng)
         out.append(str(path))
     return out
 
