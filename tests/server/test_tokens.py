@@ -88,6 +88,9 @@ def test_dataset_allow_list(api: TestClient, app: FastAPI, tmp_path: Path) -> No
         == 403
     )
     assert limited.get(f"/v1/runs/{run_secret['id']}").status_code == 403
+    for figures in ("mixture", "input-stats"):  # a run's figures are the run's
+        assert limited.get(f"/v1/runs/{run_secret['id']}/{figures}").status_code == 403
+        assert limited.get(f"/v1/runs/{run_open.json()['id']}/{figures}").status_code == 200
     assert [r["id"] for r in limited.get("/v1/runs").json()["items"]] == [run_open.json()["id"]]
 
 
