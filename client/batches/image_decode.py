@@ -29,13 +29,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardstream.client.options import IMAGE_DECODERS, DecodeOptions, check_image_options
+from shardstream.client.options import DecodeOptions, check_image_options
 from shardstream.errors import ConfigError, CorruptShardError
 
-__all__ = ["DECODERS", "ImageDecoder", "available_decoders", "decode_on_device"]
+__all__ = ["ImageDecoder", "available_decoders", "decode_on_device"]
 
-DECODERS = IMAGE_DECODERS
-"""Names accepted by ``DecodeOptions(image_decoder=...)``."""
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 
