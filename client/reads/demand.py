@@ -65,6 +65,14 @@ class BlockDemand:
             return done
         if filling is not None:
             return filling
+        if shared.cache is not None and shared.ranged(shard):
+            if shared.cache.contains(shared.catalog.cache_key(shard)):
+                return None
+            # Another process of the node is filling it: its download file is used in
+            # place (no wait for this process's own fill, no copy of its blocks).
+            joined = self._fills.join(shard)
+            if joined is not None:
+                return joined
         started = shared.started.get(shard)
         if shared.cache is not None and started is not None and not started.is_set():
             # This process's fill is about to start: a short wait avoids reading the same

@@ -143,6 +143,32 @@ class ShardFills:
 
         return fill
 
+    def join(self, shard: int) -> PartialShard | None:
+        """Cache mode: this process's partial over the node cache's download file of
+        ``shard`` that another process is filling (:meth:`MemoryShards.join`), or ``None``
+        when none is (or this process holds a memory copy of it already)."""
+        shared = self._shared
+        if shared.cache is None:
+            return None
+        memory = shared.memory_shards()
+        held = memory.get(shard)
+        if held is not None:
+            return held if held.sharing.node_shared else None
+        source, local = shared.catalog.locate(shard)
+        node_key = source.cache_key(local)
+        for path in shared.cache.layout.downloads(node_key):
+            joined = memory.join(
+                shard,
+                source.shards[local],
+                source.keys[local],
+                source.store(),
+                node_key=node_key,
+                download=path,
+            )
+            if joined is not None:
+                return joined
+        return None
+
     def open_memory(self, shard: int) -> None:
         """Cacheless: create the shard's partial and read its header (or all of it, for
         shards that must be read whole)."""

@@ -33,6 +33,7 @@ from shardstream.mds import ShardReader
 
 if TYPE_CHECKING:
     from shardstream.client.reads.partial import PartialShard
+    from shardstream.mds import HeaderDigest
 
 __all__ = ["ShardHeader"]
 
@@ -116,6 +117,9 @@ class ShardHeader:
             if held is None:  # read whole already (a small shard): its own bytes
                 held = p.read_if_complete(head.length)
                 in_file = held is not None
+            if held is None and p.sharing.node_shared:
+                held = _written_by_another(p, head)  # the node's download file
+                in_file = held is not None
             if held is not None:
                 head.verify(held, p.info.raw_data.basename)
             data = held or read_header(p.store, p.key, p.info, stats=p.stats)
@@ -165,3 +169,14 @@ class ShardHeader:
             same = guess is None or np.array_equal(guess, self.reader().offsets)
             self._offsets_differ = not same
         return self._offsets_differ
+
+
+def _written_by_another(partial: PartialShard, head: HeaderDigest) -> bytes | None:
+    """The header's bytes in ``partial``'s file if another process of the node wrote them
+    there already (they match the digest), else ``None``: a header costs a round trip."""
+    data = partial.read_at(0, head.length)
+    try:
+        head.verify(data, partial.info.raw_data.basename)
+    except CorruptShardError:
+        return None
+    return data

@@ -12,6 +12,7 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+import mmap
 import os
 import threading
 import time
@@ -30,6 +31,7 @@ from shardstream.storage import ObjectStore
 
 __all__ = [
     "BlockStats",
+    "blocks_in_place",
     "punch_hole",
     "pwrite_all",
     "read_header",
@@ -67,14 +69,14 @@ class BlockStats:
 def read_peer_blocks(
     peers: Sequence[Path],
     info: ShardInfo,
-    blocks: tuple[int, int],
+    blocks: Sequence[int],
     block_size: int,
     *,
     stats: BlockStats,
 ) -> dict[int, bytes]:
-    """The blocks ``first..last`` (inclusive) that other processes' files of the same
-    shard hold, each matching its digest: ``{block: bytes}`` (counted as ``peer_bytes``);
-    the rest must be fetched.
+    """Those of ``blocks`` (sorted) that other processes' files of the same shard hold,
+    each matching its digest: ``{block: bytes}`` (counted as ``peer_bytes``); the rest
+    must be fetched.
 
     Block by block, not all or nothing: a peer that fetched block 3 for a batch serves it to
     a process whose fill wants blocks 3..4, which then fetches only block 4. A peer's
@@ -82,7 +84,6 @@ def read_peer_blocks(
     makes the bytes safe to use."""
     from shardstream.mds import verify_range  # with block digests (mds >= blocks)
 
-    first, last = blocks
     size = info.raw_data.bytes
     found: dict[int, bytes] = {}
     for path in peers:
@@ -91,7 +92,7 @@ def read_peer_blocks(
         except OSError:
             continue  # published or abandoned meanwhile
         try:
-            wanted = [b for b in range(first, last + 1) if b not in found]
+            wanted = [b for b in blocks if b not in found]
             with_data = np.asarray(_blocks_with_data(fd, wanted, block_size, size), np.int64)
             for a, b in coalesce(with_data, len(wanted)):
                 start, end = a * block_size, min((b + 1) * block_size, size)
@@ -111,11 +112,52 @@ def read_peer_blocks(
             continue
         finally:
             os.close(fd)
-        if len(found) == last - first + 1:
+        if len(found) == len(blocks):
             break
     if found:
         stats.add(peer_bytes=sum(len(b) for b in found.values()))
     return found
+
+
+def blocks_in_place(
+    fd: int, info: ShardInfo, blocks: Sequence[int], block_size: int, *, stats: BlockStats
+) -> list[int]:
+    """Those of ``blocks`` that the full-size file ``fd`` of the shard holds verified: each
+    block's bytes checked against its digest where they lie, without copying them.
+
+    The node cache's download file of a shard is shared: the process filling it and the
+    node's other readers of the shard (who open the same file) write verified blocks into
+    it. What one of them wrote is used by the others in place, mapped and checked (a
+    block half written, or a hole, fails its digest: not there yet), never copied into a
+    file of their own. Counted as ``peer_bytes``."""
+    from shardstream.mds import verify_range  # with block digests (mds >= blocks)
+
+    size = info.raw_data.bytes
+    with_data = np.asarray(_blocks_with_data(fd, list(blocks), block_size, size), np.int64)
+    found: list[int] = []
+    for a, b in coalesce(with_data, len(with_data) or 1):
+        start, end = a * block_size, min((b + 1) * block_size, size)
+        try:  # block boundaries are page-aligned; the pages are faulted in at once
+            mapped = mmap.mmap(
+                fd, end - start, mmap.MAP_SHARED | _MAP_POPULATE, mmap.PROT_READ, offset=start
+            )
+        except (OSError, ValueError):
+            continue  # the file is shorter than the shard (never for a partial's own file)
+        with mapped, memoryview(mapped) as view:
+            for block in range(a, b + 1):
+                at = block * block_size - start
+                try:
+                    verify_range(info, start + at, view[at : min(at + block_size, end - start)])
+                except CorruptShardError:
+                    continue  # not there yet
+                found.append(block)
+    if found:
+        tail = size - (found[-1] * block_size)
+        stats.add(peer_bytes=(len(found) - 1) * block_size + min(block_size, tail))
+    return found
+
+
+_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 
 def _blocks_with_data(fd: int, blocks: list[int], block_size: int, size: int) -> list[int]:

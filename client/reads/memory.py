@@ -107,6 +107,55 @@ class MemoryShards:
             self._uses[partial] = np.zeros(partial.num_blocks, dtype=np.int64)
             return partial
 
+    def join(
+        self,
+        shard: int,
+        info: ShardInfo,
+        key: str,
+        store: ObjectStore,
+        *,
+        node_key: str,
+        download: Path,
+    ) -> PartialShard | None:
+        """Cache mode: the shard's partial over ``download``, the node cache's download
+        file of it that another process of the node is filling, or ``None`` if that file is
+        gone or not yet full size.
+
+        The blocks in it are used where they lie once their digests match
+        (:func:`~shardstream.client.reads.io.blocks_in_place`), blocks fetched here are
+        written into it for the filler, and the node's claims keep a block from being
+        fetched by both. Nothing of it is ever freed here (it is the node's file); once
+        the filler publishes it, this open file is the published shard."""
+        with self._lock:
+            held = self._shards.get(shard)
+            if held is not None:
+                return held if held.sharing.node_shared else None
+            try:
+                fd = os.open(download, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                return None  # published or abandoned meanwhile
+            st = os.fstat(fd)
+            if st.st_size != info.raw_data.bytes or st.st_uid != os.getuid():
+                os.close(fd)  # being created (not yet sized), or not this user's
+                return None
+            block = block_size_of(info)
+            claims = self._peers.claims(node_key) if self._peers is not None else None
+            partial = PartialShard(
+                info=info,
+                key=key,
+                store=store,
+                fd=fd,
+                path=Path(f"/proc/self/fd/{fd}"),  # the same file once renamed into place
+                queue=self._queue,
+                block_size=block,
+                range_blocks=max(1, self._range_bytes // block),
+                stats=self._stats,
+                sharing=NodeSharing(claims=claims, node_shared=True),
+            )
+            self._shards[shard] = partial
+            self._uses[partial] = np.zeros(partial.num_blocks, dtype=np.int64)
+            return partial
+
     def load_whole(self, partial: PartialShard, compression: str | None) -> None:
         """Fill ``partial`` from one whole-object read, verified against the shard's hash
         (shards without block digests, and zstd shards, which ranges cannot split)."""

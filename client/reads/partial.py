@@ -339,8 +339,11 @@ class PartialShard:
             verify_file(self.path, self.info.raw_data.hashes, what=self.key)
 
     def evict(self, blocks: I64) -> int:
-        """Drop present ``blocks`` from memory (punch holes); returns the bytes freed."""
+        """Drop present ``blocks`` from memory (punch holes); returns the bytes freed.
+        Never in the node cache's download file (other processes' blocks): nothing freed."""
         freed = 0
+        if self.sharing.node_shared:
+            return 0
         with self._cond:
             for block in blocks.tolist():
                 if not self._blocks.present(block) or self.fd < 0:

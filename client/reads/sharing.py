@@ -20,7 +20,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shardstream.client.reads.io import offer_to_peers, read_peer_blocks, read_verified
+from shardstream.client.reads.io import (
+    blocks_in_place,
+    offer_to_peers,
+    read_peer_blocks,
+    read_verified,
+)
 from shardstream.client.reads.ranges import coalesce
 
 if TYPE_CHECKING:
@@ -57,20 +62,26 @@ class NodeSharing:
 def read_blocks(
     partial: PartialShard, first: int, last: int
 ) -> list[tuple[int, bytes | bytearray]]:
-    """``(file offset, bytes)`` of blocks ``first..last`` of ``partial``: each from a peer's
-    file where one holds it verified, the rest from the store (coalesced, verified where the
-    index has block digests, and offered to the cache's download files)."""
+    """``(file offset, bytes)`` of blocks ``first..last`` of ``partial`` to write into its
+    file: each from a peer's file where one holds it verified, the rest from the store
+    (coalesced, verified where the index has block digests, and offered to the cache's
+    download files). Blocks the partial's own file already holds verified (the node cache's
+    download file, where other processes write too) are used in place: not returned."""
     share, size, block = partial.sharing, partial.size, partial.block_size
     pieces: list[tuple[int, bytes | bytearray]] = []
     missing = np.arange(first, last + 1, dtype=np.int64)
     verify = partial.verified_on_arrival
     if verify:  # verified blocks only
-        if share.peers is not None:
-            peers = share.peers()
-        else:  # written here by another process of the node
-            peers = [partial.path] if share.node_shared else []
-        if peers:
-            found = read_peer_blocks(peers, partial.info, (first, last), block, stats=partial.stats)
+        if share.node_shared and partial.fd >= 0:
+            here = blocks_in_place(
+                partial.fd, partial.info, missing.tolist(), block, stats=partial.stats
+            )
+            missing = missing[~np.isin(missing, here)]
+        peers = [p for p in share.peers() if p != partial.path] if share.peers else []
+        if peers and missing.size:
+            found = read_peer_blocks(
+                peers, partial.info, missing.tolist(), block, stats=partial.stats
+            )
             pieces = [(b * block, data) for b, data in found.items()]
             missing = missing[~np.isin(missing, list(found))]
     for a, b in coalesce(missing, last - first + 1):
@@ -79,7 +90,7 @@ def read_blocks(
             partial.store, partial.key, partial.info, *span, stats=partial.stats, verify=verify
         )
         if verify and share.offer_to is not None:
-            offer_to_peers(share.offer_to(), data, span[0])
+            offer_to_peers([p for p in share.offer_to() if p != partial.path], data, span[0])
         pieces.append((span[0], data))
     return pieces
 

@@ -161,11 +161,48 @@ def test_a_peer_serves_the_blocks_it_holds_and_only_those(tmp_path: Path) -> Non
     peer[9000] ^= 0xFF
     (tmp_path / "peer").write_bytes(bytes(peer))
     stats = BlockStats()
-    found = read_peer_blocks([tmp_path / "peer"], shard, (0, 2), 4096, stats=stats)
+    found = read_peer_blocks([tmp_path / "peer"], shard, [0, 1, 2], 4096, stats=stats)
     assert list(found) == [1] and found[1] == data[4096:8192]
     assert stats.peer_bytes == 4096
     (tmp_path / "good").write_bytes(data)  # a second peer with every block
     found = read_peer_blocks(
-        [tmp_path / "peer", tmp_path / "good"], shard, (0, 2), 4096, stats=stats
+        [tmp_path / "peer", tmp_path / "good"], shard, [0, 1, 2], 4096, stats=stats
     )
     assert sorted(found) == [0, 1, 2] and b"".join(found[b] for b in (0, 1, 2)) == data[:12288]
+
+
+def test_blocks_a_shared_download_file_holds_are_used_in_place(tmp_path: Path) -> None:
+    """The node cache's download file, written by several processes: the blocks it holds
+    verified are found where they lie (a hole and a block with a flipped byte are not),
+    and nothing is copied out of it."""
+    import numpy as np
+
+    from shardstream.client.reads.io import BlockStats, blocks_in_place
+    from shardstream.mds import MDSWriter, load_index
+
+    out = tmp_path / "ds"
+    with MDSWriter(out, {"tokens": "ndarray:uint16:2048"}, block_size=4096) as writer:
+        for i in range(16):
+            writer.write({"tokens": np.full(2048, i, np.uint16)})
+    shard = load_index(out / "index.json").shards[0]
+    data = (out / shard.raw_data.basename).read_bytes()
+    shared = bytearray(len(data))  # full size, holes where nobody wrote yet
+    shared[4096:12288] = data[4096:12288]
+    shared[9000] ^= 0xFF  # block 2 half written
+    shared[-100:] = data[-100:]  # part of the last block only
+    path = tmp_path / "download"
+    path.write_bytes(bytes(shared))
+    stats = BlockStats()
+    last = -(-len(data) // 4096) - 1
+
+    def found() -> list[int]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return blocks_in_place(fd, shard, [0, 1, 2, last], 4096, stats=stats)
+        finally:
+            os.close(fd)
+
+    assert found() == [1]
+    assert stats.peer_bytes == 4096
+    path.write_bytes(data)  # every block written
+    assert found() == [0, 1, 2, last]

@@ -13,7 +13,7 @@ from shardstream.client.reads.io import BlockStats
 from shardstream.client.reads.partial import PartialShard
 from shardstream.client.reads.queue import RangeQueue
 from shardstream.client.reads.sharing import NodeSharing
-from shardstream.mds import load_index
+from shardstream.mds import ShardReader, load_index
 from shardstream.storage import open_store
 from tests.client.reads.test_ranged_reads import BLOCK, _upload, _write
 from tests.fixtures.s3 import S3Bucket
@@ -110,3 +110,66 @@ def test_a_fill_takes_blocks_other_processes_wrote_into_its_file(
         queue.close()
     assert stats.peer_bytes >= 2 * BLOCK  # at least one whole run of two came from the file
     assert stats.bytes_fetched == len(full) - stats.peer_bytes
+
+
+def test_a_reader_joins_another_process_s_download_file_in_place(
+    s3_bucket: S3Bucket, tmp_path: Path
+) -> None:
+    """Cache mode: a process that needs a shard another process is filling opens that
+    download file itself (``MemoryShards.join``): the blocks the filler wrote are used
+    where they lie (not copied into a memory file of its own), the ones it fetches go into
+    the same file, nothing is ever freed there, and once the filler publishes the file
+    (a rename) the joined reader goes on reading the same bytes."""
+    from shardstream.client.reads.memory import MemoryShards
+
+    _write(tmp_path / "ds")
+    _upload(tmp_path / "ds", f"{s3_bucket.url}/joined")
+    store = open_store(f"{s3_bucket.url}/joined")
+    info = load_index(store.read_bytes("index.json")).shards[0]
+    key = info.raw_data.basename
+    full = (tmp_path / "ds" / key).read_bytes()
+    blocks = -(-len(full) // BLOCK)
+    download = tmp_path / "tmp" / key
+    download.parent.mkdir()
+    queue = RangeQueue(4, None)
+    filler_fd = os.open(download, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    filler = PartialShard(
+        info=info,
+        key=key,
+        store=store,
+        fd=filler_fd,
+        path=download,
+        queue=queue,
+        block_size=BLOCK,
+        range_blocks=2,
+        stats=BlockStats(),
+        sharing=NodeSharing(node_shared=True),
+    )
+    stats = BlockStats()
+    memory = MemoryShards(queue=queue, budget_bytes=1 << 30, range_bytes=2 * BLOCK, stats=stats)
+    try:
+        half = blocks // 2
+        filler.wait(np.arange(half, dtype=np.int64))  # the filler's first half is in
+        joined = memory.join(0, info, key, store, node_key="k", download=download)
+        again = memory.join(0, info, key, store, node_key="k", download=download)
+        assert joined is not None and again is joined
+        assert os.fstat(joined.fd).st_ino == os.stat(download).st_ino  # the same file
+        joined.reader()  # its header: the filler's, checked against its digest
+        assert stats.bytes_fetched == 0 and stats.requests == 0
+        joined.wait(np.arange(blocks, dtype=np.int64))
+        assert stats.peer_bytes == half * BLOCK  # used in place...
+        assert stats.bytes_fetched == len(full) - half * BLOCK  # ...the rest fetched once
+        assert download.read_bytes() == full  # into the filler's file
+        assert joined.evict(np.arange(blocks, dtype=np.int64)) == 0  # never freed there
+        published = tmp_path / "data" / key
+        published.parent.mkdir()
+        download.rename(published)  # the filler publishes it
+        reader, original = joined.reader(), ShardReader(tmp_path / "ds" / key)
+        assert len(reader) == len(original) > 1
+        for i in (0, len(reader) - 1):
+            assert repr(reader[i]) == repr(original[i])
+        assert memory.join(1, info, key, store, node_key="k", download=download) is None  # gone
+    finally:
+        memory.close()
+        filler.close()
+        queue.close()
