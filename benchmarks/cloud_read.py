@@ -362,6 +362,26 @@ def format_row(dataset: str, row: Row, dataset_bytes: int, settings: EmulatorSet
     return "| " + " | ".join(cells) + " |"
 
 
+def format_median(
+    dataset: str, runs: list[Row], dataset_bytes: int, settings: EmulatorSettings
+) -> str:
+    """The row of the median run (by samples/s), with the rounds' range of samples/s and
+    of first-batch seconds when there are several."""
+    ranked = sorted(runs, key=lambda r: r.samples / r.seconds)
+    line = format_row(dataset, ranked[(len(ranked) - 1) // 2], dataset_bytes, settings)
+    if len(runs) < 2 or "resumed" in runs[0].label:
+        return line
+    rates = [r.samples / r.seconds for r in ranked]
+    firsts = sorted(r.ttfb for r in runs)
+    spread = (
+        f" (range {rates[0]:,.0f}-{rates[-1]:,.0f}/s, first batch "
+        f"{firsts[0]:.2f}-{firsts[-1]:.2f} s)"
+    )
+    cells = line.split(" | ")
+    cells[1] += spread
+    return " | ".join(cells)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shard-mb", default="64,256", help="shard sizes in MB, comma-separated")
@@ -378,6 +398,13 @@ def main() -> int:
     parser.add_argument("--slowdown", type=float, default=0.05, help="injected SlowDown share")
     parser.add_argument("--peer-batches", type=int, default=0, help="peers stop after N batches")
     parser.add_argument("--run-timeout", type=float, default=900, help="seconds per reader")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds: every reader runs once a round, and each row is the median round "
+        "(these machines are noisy; a reader's place in the round matters too)",
+    )
     parser.add_argument(
         "--writers",
         default="ours,mosaic",
@@ -438,7 +465,9 @@ def main() -> int:
     os.environ.update(creds, AWS_DEFAULT_REGION="us-east-1", NO_PROXY="127.0.0.1,localhost")
     moto = Moto()
     work = Path(tempfile.mkdtemp(prefix="run-", dir=args.dir))
-    lines: list[str] = []
+    lines: list[tuple[str, str, int]] = []  # each reader's row, in the order first run
+    rows: dict[tuple[str, str], list[Row]] = {}  # its runs, one a round
+    failed: list[str] = []
     try:
         sizes: dict[str, int] = {}
         for name, _ in datasets:
@@ -470,72 +499,77 @@ def main() -> int:
                     row = run_readers(specs, env, emu, args.run_timeout)
                     row.mixing = mixing[name].of([Path(spec["trace"]) for spec in specs])
                 except RuntimeError as exc:  # a peer failing must not hide the others
-                    lines.append(f"| {name} | {label} | FAILED: {exc} |")
-                    print(lines[-1], flush=True)
+                    failed.append(f"| {name} | {label} | FAILED: {exc} |")
+                    print(failed[-1], flush=True)
                     return
                 finally:
                     for spec in specs:
                         shutil.rmtree(spec["cache"], ignore_errors=True)
                         Path(spec["trace"]).unlink(missing_ok=True)
                 row.label = label
-                lines.append(format_row(name, row, size, settings))
-                print(lines[-1], flush=True)
+                if (name, label) not in rows:
+                    lines.append((name, label, size))
+                rows.setdefault((name, label), []).append(row)
+                print(format_row(name, row, size, settings), flush=True)
 
-            for reuse, (name, _) in ((r, d) for r in reuses for d in datasets):
-                emu.configure(keep_alive=reuse != "off")
-                tag = ", no reuse" if reuse == "off" else ""
-                mds = f"s3://{BUCKET}/mds-{name}"
-                lit = f"s3://{BUCKET}/lit-{name}"
-                # Cacheless holds the mixing window in memory: give it the whole dataset
-                # (the default 2 GiB is refused for a window of 16 x 256 MB shards).
-                budget = max(2 << 30, int(sizes[name] * 1.1))
-                ours: dict[str, Any] = {"library": "shardstream", "url": mds + "/index.json"}
-                ours["memory_budget"] = budget
-                for writer in writers:
-                    prefix = "mds" if writer == "ours" else "mdsm"
-                    url = f"s3://{BUCKET}/{prefix}-{name}/index.json"
-                    size = sizes[name if writer == "ours" else "mdsm-" + name]
-                    who = "" if writer == "ours" else " (MosaicML-written)"
+            for round_no in range(1, args.repeat + 1):
+                if args.repeat > 1:
+                    print(f"round {round_no} of {args.repeat}", flush=True)
+                for reuse, (name, _) in ((r, d) for r in reuses for d in datasets):
+                    emu.configure(keep_alive=reuse != "off")
+                    tag = ", no reuse" if reuse == "off" else ""
+                    mds = f"s3://{BUCKET}/mds-{name}"
+                    lit = f"s3://{BUCKET}/lit-{name}"
+                    # Cacheless holds the mixing window in memory: give it the whole dataset
+                    # (the default 2 GiB is refused for a window of 16 x 256 MB shards).
+                    budget = max(2 << 30, int(sizes[name] * 1.1))
+                    ours: dict[str, Any] = {"library": "shardstream", "url": mds + "/index.json"}
+                    ours["memory_budget"] = budget
+                    for writer in writers:
+                        prefix = "mds" if writer == "ours" else "mdsm"
+                        url = f"s3://{BUCKET}/{prefix}-{name}/index.json"
+                        size = sizes[name if writer == "ours" else "mdsm-" + name]
+                        who = "" if writer == "ours" else " (MosaicML-written)"
+                        for mode in modes:
+                            spec = {**ours, "url": url, "mode": mode}
+                            if args.baseline and writer == "ours":
+                                old = {**spec, "root": str(args.baseline.resolve())}
+                                one(f"shardstream {mode}, before{tag}", name, [old], size)
+                            one(f"shardstream {mode}{who}{tag}", name, [spec], size)
+                            if writer == "ours" and mode == modes[0] and reuse != "off":
+                                # The input figures' cost (issue 27): the same read without
+                                # them, right after, in the same emulator.
+                                off = {**spec, "stats": False}
+                                one(f"shardstream {mode}, stats off", name, [off], size)
+                    for peer in peers:
+                        is_lit = peer.startswith("litdata")
+                        url = lit if is_lit else mds
+                        size = sizes["lit-" + name] if is_lit else sizes[name]
+                        if peer.startswith("lancedb"):  # the database folder; its table "tokens"
+                            url, size = f"s3://{BUCKET}/lance-{name}", sizes["lance-" + name]
+                        spec = {"library": peer, "url": url, "max_batches": args.peer_batches}
+                        first = f", first {args.peer_batches} batches" if args.peer_batches else ""
+                        one(f"{peer} (S3 remote{first}){tag}", name, [spec], size)
+                    if reuse == "off":
+                        continue  # resumes, SlowDown and nodes: with connection reuse only
                     for mode in modes:
-                        spec = {**ours, "url": url, "mode": mode}
-                        if args.baseline and writer == "ours":
-                            old = {**spec, "root": str(args.baseline.resolve())}
-                            one(f"shardstream {mode}, before{tag}", name, [old], size)
-                        one(f"shardstream {mode}{who}{tag}", name, [spec], size)
-                        if writer == "ours" and mode == modes[0] and reuse != "off":
-                            # The input figures' cost (issue 27): the same read without
-                            # them, right after, in the same emulator.
-                            off = {**spec, "stats": False}
-                            one(f"shardstream {mode}, stats off", name, [off], size)
-                for peer in peers:
-                    is_lit = peer.startswith("litdata")
-                    url = lit if is_lit else mds
-                    size = sizes["lit-" + name] if is_lit else sizes[name]
-                    if peer.startswith("lancedb"):  # the database folder; its table "tokens"
-                        url, size = f"s3://{BUCKET}/lance-{name}", sizes["lance-" + name]
-                    spec = {"library": peer, "url": url, "max_batches": args.peer_batches}
-                    first = f", first {args.peer_batches} batches" if args.peer_batches else ""
-                    one(f"{peer} (S3 remote{first}){tag}", name, [spec], size)
-                if reuse == "off":
-                    continue  # resumes, SlowDown and nodes: with connection reuse only
-                for mode in modes:
-                    if args.resume_at:
-                        spec = {**ours, "mode": mode, "resume": args.resume_at}
-                        one(
-                            f"shardstream {mode}, resumed at {args.resume_at:.0%}{tag}",
-                            name,
-                            [spec],
-                            sizes[name],
-                        )
-                if args.slowdown and modes:
-                    emu.configure(slowdown_rate=args.slowdown)
-                    label = f"shardstream {modes[0]}, {args.slowdown:.0%} SlowDown{tag}"
-                    one(label, name, [{**ours, "mode": modes[0]}], sizes[name])
-                    emu.configure(slowdown_rate=0.0)
-                if args.nodes and modes:
-                    specs = [{**ours, "mode": modes[0]} for _ in range(args.nodes)]
-                    label = f"shardstream {modes[0]}, {args.nodes} nodes{tag}"
-                    one(label, name, specs, sizes[name])
+                        if args.resume_at:
+                            spec = {**ours, "mode": mode, "resume": args.resume_at}
+                            one(
+                                f"shardstream {mode}, resumed at {args.resume_at:.0%}{tag}",
+                                name,
+                                [spec],
+                                sizes[name],
+                            )
+                    if args.slowdown and modes:
+                        emu.configure(slowdown_rate=args.slowdown)
+                        label = f"shardstream {modes[0]}, {args.slowdown:.0%} SlowDown{tag}"
+                        one(label, name, [{**ours, "mode": modes[0]}], sizes[name])
+                        emu.configure(slowdown_rate=0.0)
+                    if args.nodes and modes:
+                        specs = [{**ours, "mode": modes[0]} for _ in range(args.nodes)]
+                        label = f"shardstream {modes[0]}, {args.nodes} nodes{tag}"
+                        one(label, name, specs, sizes[name])
     finally:
         moto.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -547,11 +581,43 @@ def main() -> int:
         f"{handshake_ms:g} ms per new connection; shards/batch: distinct shards among a "
         f"batch's 32 samples, {mixing[datasets[0][0]].uniform():.1f} for a uniform shuffle"
     )
+    if args.repeat > 1:
+        print(
+            f"each row: the median of {args.repeat} rounds (every reader once a round, in "
+            "the same order), by samples/s; 'range' gives the rounds' lowest and highest"
+        )
     print(HEADER)
     print("|" + " --- |" * HEADER.count(" |"))
-    for line in lines:
+    for name, label, size in lines:
+        print(format_median(name, rows[(name, label)], size, settings))
+    for line in failed:
         print(line)
+    print_ratios(lines, rows)
     return 0
+
+
+def print_ratios(lines: list[tuple[str, str, int]], rows: dict[tuple[str, str], list[Row]]) -> None:
+    """Each shardstream row's samples/s over MosaicML's with the same connection reuse
+    (medians), beside its first batch: the cold-path target reads off these lines."""
+
+    def median_rate(runs: list[Row]) -> float:
+        rates = sorted(r.samples / r.seconds for r in runs)
+        return rates[(len(rates) - 1) // 2]
+
+    for name, label, _ in lines:
+        if not label.startswith("shardstream") or "resumed" in label or "nodes" in label:
+            continue
+        tag = ", no reuse" if label.endswith(", no reuse") else ""
+        mosaic = rows.get((name, f"mosaic (S3 remote){tag}"))
+        if not mosaic:
+            continue
+        runs = rows[(name, label)]
+        firsts = sorted(r.ttfb for r in runs)
+        print(
+            f"{name} {label}: {median_rate(runs) / median_rate(mosaic):.1f}x MosaicML's "
+            f"samples/s, first batch {firsts[(len(firsts) - 1) // 2]:.2f} s "
+            f"(MosaicML {sorted(r.ttfb for r in mosaic)[(len(mosaic) - 1) // 2]:.2f} s)"
+        )
 
 
 if __name__ == "__main__":
