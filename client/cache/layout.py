@@ -114,14 +114,15 @@ class CacheLayout:
         """The file a download of ``key`` writes inside its folder :meth:`tmp_dir`."""
         return tmp_dir / leaf_name(key)
 
-    def downloads(self, key: str) -> list[Path]:
+    def downloads(self, key: str, *, not_of: int | None = None) -> list[Path]:
         """The in-flight download files of shard ``key``, one per downloading process
-        (sorted; each may vanish at any moment, renamed into place or abandoned)."""
+        (sorted; each may vanish at any moment, renamed into place or abandoned); ``not_of``:
+        leave out the one of that process id."""
         name, leaf = key_to_name(key), leaf_name(key)
         found = []
         for path in self.tmp.glob(f"{glob.escape(name)}.*/{glob.escape(leaf)}"):
             entry = parse_tmp_name(path.parent.name)
-            if entry is not None and entry.name == name:
+            if entry is not None and entry.name == name and entry.pid != not_of:
                 found.append(path)
         return sorted(found)
 

@@ -156,7 +156,7 @@ class ShardFills:
             return held if held.sharing.node_shared else None
         source, local = shared.catalog.locate(shard)
         node_key = source.cache_key(local)
-        for path in shared.cache.layout.downloads(node_key):
+        for path in shared.cache.layout.downloads(node_key, not_of=os.getpid()):
             joined = memory.join(
                 shard,
                 source.shards[local],

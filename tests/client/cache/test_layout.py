@@ -33,6 +33,7 @@ def test_published_and_in_flight_files_of_a_key(tmp_path: Path) -> None:
     (layout.tmp / f"{name}.junk").mkdir()  # nothing a download made
 
     assert layout.downloads(KEY) == sorted([mine, other])
+    assert layout.downloads(KEY, not_of=7) == [other]  # another process's, to join in place
     assert layout.shard_files(KEY) == [*sorted([mine, other]), layout.published(KEY)]
     assert [CacheLayout.is_published(p) for p in layout.shard_files(KEY)] == [False, False, True]
 
