@@ -10,6 +10,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -144,17 +145,9 @@ def test_a_folder_others_can_write_is_not_used(tmp_path: Path) -> None:
 def test_a_peer_serves_the_blocks_it_holds_and_only_those(tmp_path: Path) -> None:
     """Block by block: a peer holding block 1 of 0..2 serves it; its hole (block 0) and a
     block with one flipped byte (block 2) are not taken, so only they are fetched."""
-    import numpy as np
-
     from shardstream.client.reads.io import BlockStats, read_peer_blocks
-    from shardstream.mds import MDSWriter, load_index
 
-    out = tmp_path / "ds"
-    with MDSWriter(out, {"tokens": "ndarray:uint16:2048"}, block_size=4096) as writer:
-        for i in range(16):
-            writer.write({"tokens": np.full(2048, i, np.uint16)})
-    shard = load_index(out / "index.json").shards[0]
-    data = (out / shard.raw_data.basename).read_bytes()
+    shard, data = _small_shard(tmp_path / "ds")
     peer = bytearray(len(data))  # a peer's memory file: holes where it fetched nothing
     peer[4096:8192] = data[4096:8192]
     peer[8192:12288] = data[8192:12288]
@@ -175,17 +168,9 @@ def test_blocks_a_shared_download_file_holds_are_used_in_place(tmp_path: Path) -
     """The node cache's download file, written by several processes: the blocks it holds
     verified are found where they lie (a hole and a block with a flipped byte are not),
     and nothing is copied out of it."""
-    import numpy as np
-
     from shardstream.client.reads.io import BlockStats, blocks_in_place
-    from shardstream.mds import MDSWriter, load_index
 
-    out = tmp_path / "ds"
-    with MDSWriter(out, {"tokens": "ndarray:uint16:2048"}, block_size=4096) as writer:
-        for i in range(16):
-            writer.write({"tokens": np.full(2048, i, np.uint16)})
-    shard = load_index(out / "index.json").shards[0]
-    data = (out / shard.raw_data.basename).read_bytes()
+    shard, data = _small_shard(tmp_path / "ds")
     shared = bytearray(len(data))  # full size, holes where nobody wrote yet
     shared[4096:12288] = data[4096:12288]
     shared[9000] ^= 0xFF  # block 2 half written
@@ -206,3 +191,16 @@ def test_blocks_a_shared_download_file_holds_are_used_in_place(tmp_path: Path) -
     assert stats.peer_bytes == 4096
     path.write_bytes(data)  # every block written
     assert found() == [0, 1, 2, last]
+
+
+def _small_shard(out: Path) -> tuple[Any, bytes]:
+    """A one-shard dataset of 16 samples in 4 KiB blocks at ``out``: its index entry and bytes."""
+    import numpy as np
+
+    from shardstream.mds import MDSWriter, load_index
+
+    with MDSWriter(out, {"tokens": "ndarray:uint16:2048"}, block_size=4096) as writer:
+        for i in range(16):
+            writer.write({"tokens": np.full(2048, i, np.uint16)})
+    shard = load_index(out / "index.json").shards[0]
+    return shard, (out / shard.raw_data.basename).read_bytes()

@@ -13,8 +13,8 @@ from shardstream.client.reads.io import BlockStats
 from shardstream.client.reads.partial import PartialShard
 from shardstream.client.reads.queue import RangeQueue
 from shardstream.client.reads.sharing import NodeSharing
-from shardstream.mds import ShardReader, load_index
-from shardstream.storage import open_store
+from shardstream.mds import ShardInfo, ShardReader, load_index
+from shardstream.storage import ObjectStore, open_store
 from tests.client.reads.test_ranged_reads import BLOCK, _upload, _write
 from tests.fixtures.s3 import S3Bucket
 
@@ -42,21 +42,11 @@ def test_blocks_in_a_peer_download_are_not_fetched_again(
     stats = BlockStats()
     queue = RangeQueue(4, None)
     fd = os.memfd_create("peer-test", os.MFD_CLOEXEC)
-    partial = PartialShard(
-        info=info,
-        key=key,
-        store=store,
-        fd=fd,
-        path=Path(f"/proc/self/fd/{fd}"),
-        queue=queue,
-        block_size=BLOCK,
-        range_blocks=1,
-        stats=stats,
-        sharing=NodeSharing(
-            peers=lambda: [tmp_path / "tmp" / "gone.mds", peer],
-            offer_to=lambda: [peer],  # a download file: what this process fetches goes in
-        ),
+    sharing = NodeSharing(
+        peers=lambda: [tmp_path / "tmp" / "gone.mds", peer],
+        offer_to=lambda: [peer],  # a download file: what this process fetches goes in
     )
+    partial = _partial(store, info, fd, Path(f"/proc/self/fd/{fd}"), queue, stats, sharing, 1)
     try:
         partial.wait(np.arange(partial.num_blocks, dtype=np.int64))
         assert os.pread(fd, len(full) + 1, 0) == full
@@ -84,18 +74,7 @@ def test_a_fill_takes_blocks_other_processes_wrote_into_its_file(
     target = tmp_path / "download.mds"
     fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
     stats, queue = BlockStats(), RangeQueue(4, None)
-    partial = PartialShard(
-        info=info,
-        key=key,
-        store=store,
-        fd=fd,
-        path=target,
-        queue=queue,
-        block_size=BLOCK,
-        range_blocks=2,
-        stats=stats,
-        sharing=NodeSharing(node_shared=True),
-    )
+    partial = _partial(store, info, fd, target, queue, stats, NodeSharing(node_shared=True), 2)
     # Another process wrote blocks 1-3 (verified) into this file; block 5 is garbage.
     with open(target, "r+b") as other:
         other.seek(BLOCK)
@@ -133,18 +112,8 @@ def test_a_reader_joins_another_process_s_download_file_in_place(
     download.parent.mkdir()
     queue = RangeQueue(4, None)
     filler_fd = os.open(download, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    filler = PartialShard(
-        info=info,
-        key=key,
-        store=store,
-        fd=filler_fd,
-        path=download,
-        queue=queue,
-        block_size=BLOCK,
-        range_blocks=2,
-        stats=BlockStats(),
-        sharing=NodeSharing(node_shared=True),
-    )
+    shared = NodeSharing(node_shared=True)
+    filler = _partial(store, info, filler_fd, download, queue, BlockStats(), shared, 2)
     stats = BlockStats()
     memory = MemoryShards(queue=queue, budget_bytes=1 << 30, range_bytes=2 * BLOCK, stats=stats)
     try:
@@ -173,3 +142,28 @@ def test_a_reader_joins_another_process_s_download_file_in_place(
         memory.close()
         filler.close()
         queue.close()
+
+
+def _partial(
+    store: ObjectStore,
+    info: ShardInfo,
+    fd: int,
+    path: Path,
+    queue: RangeQueue,
+    stats: BlockStats,
+    sharing: NodeSharing,
+    range_blocks: int,
+) -> PartialShard:
+    """A partial shard of ``info`` in the file ``fd`` (at ``path``), in BLOCK blocks."""
+    return PartialShard(
+        info=info,
+        key=info.raw_data.basename,
+        store=store,
+        fd=fd,
+        path=path,
+        queue=queue,
+        block_size=BLOCK,
+        range_blocks=range_blocks,
+        stats=stats,
+        sharing=sharing,
+    )
