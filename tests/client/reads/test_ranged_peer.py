@@ -22,12 +22,7 @@ from tests.fixtures.s3 import S3Bucket
 def test_blocks_in_a_peer_download_are_not_fetched_again(
     s3_bucket: S3Bucket, tmp_path: Path
 ) -> None:
-    _write(tmp_path / "ds")
-    _upload(tmp_path / "ds", f"{s3_bucket.url}/peer")
-    store = open_store(f"{s3_bucket.url}/peer")
-    info = load_index(store.read_bytes("index.json")).shards[0]
-    key = info.raw_data.basename
-    full = (tmp_path / "ds" / key).read_bytes()
+    store, info, full = _uploaded(s3_bucket, tmp_path, "peer")
     blocks = -(-len(full) // BLOCK)
     assert blocks >= 8
     # The peer has the first half of the blocks, one of them flipped; the rest is a hole.
@@ -64,12 +59,7 @@ def test_blocks_in_a_peer_download_are_not_fetched_again(
 def test_a_fill_takes_blocks_other_processes_wrote_into_its_file(
     s3_bucket: S3Bucket, tmp_path: Path
 ) -> None:
-    _write(tmp_path / "ds")
-    _upload(tmp_path / "ds", f"{s3_bucket.url}/helped")
-    store = open_store(f"{s3_bucket.url}/helped")
-    info = load_index(store.read_bytes("index.json")).shards[0]
-    key = info.raw_data.basename
-    full = (tmp_path / "ds" / key).read_bytes()
+    store, info, full = _uploaded(s3_bucket, tmp_path, "helped")
     blocks = -(-len(full) // BLOCK)
     target = tmp_path / "download.mds"
     fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
@@ -101,12 +91,8 @@ def test_a_reader_joins_another_process_s_download_file_in_place(
     (a rename) the joined reader goes on reading the same bytes."""
     from shardstream.client.reads.memory import MemoryShards
 
-    _write(tmp_path / "ds")
-    _upload(tmp_path / "ds", f"{s3_bucket.url}/joined")
-    store = open_store(f"{s3_bucket.url}/joined")
-    info = load_index(store.read_bytes("index.json")).shards[0]
+    store, info, full = _uploaded(s3_bucket, tmp_path, "joined")
     key = info.raw_data.basename
-    full = (tmp_path / "ds" / key).read_bytes()
     blocks = -(-len(full) // BLOCK)
     download = tmp_path / "tmp" / key
     download.parent.mkdir()
@@ -167,3 +153,15 @@ def _partial(
         stats=stats,
         sharing=sharing,
     )
+
+
+def _uploaded(
+    s3_bucket: S3Bucket, tmp_path: Path, name: str
+) -> tuple[ObjectStore, ShardInfo, bytes]:
+    """A dataset written under ``tmp_path/ds`` and uploaded as ``name``: its store, its
+    first shard's index entry and that shard's bytes."""
+    _write(tmp_path / "ds")
+    _upload(tmp_path / "ds", f"{s3_bucket.url}/{name}")
+    store = open_store(f"{s3_bucket.url}/{name}")
+    info = load_index(store.read_bytes("index.json")).shards[0]
+    return store, info, (tmp_path / "ds" / info.raw_data.basename).read_bytes()
