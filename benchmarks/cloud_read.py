@@ -15,7 +15,11 @@ with 5% of requests answered 503 SlowDown, and ``--nodes`` nodes (processes with
 reading at once. The first mode also runs with the loader's input figures off
 (``stats=False``), right after the same read with them on, to show what they cost.
 
-    python benchmarks/cloud_read.py [--shard-mb 64,256] [--shards 16] [--nodes 4]
+    python benchmarks/cloud_read.py [--shard-mb 64,256] [--shards 16] [--nodes 4] [--repeat 3]
+
+With ``--repeat N`` every reader runs once a round for N rounds and each row is the median
+round (these machines are noisy); the closing lines give each shardstream row's ratio to
+MosaicML's samples/s with the same connection reuse, beside its first batch.
 
 shardstream reads the shards as our writer wrote them (block digests, piece tables) and as
 MosaicML's ``MDSWriter`` wrote the same rows (``--writers``), each with connection reuse
