@@ -119,8 +119,12 @@ def test_cloud_read_runs_every_reader_through_the_emulator(tmp_path: Path) -> No
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=580, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "FAILED" not in done.stdout, done.stdout[-3000:]
-    table = done.stdout.split("| dataset | reader |", 1)[1].splitlines()[2:]
-    rows = {cells[1]: cells[2:] for cells in (line.split(" | ") for line in table if line)}
+    after = done.stdout.split("| dataset | reader |", 1)[1].splitlines()[2:]
+    table = [line for line in after if line.startswith("| ")]
+    rows = {cells[1]: cells[2:] for cells in (line.split(" | ") for line in table)}
+    # The closing lines: each shardstream row's ratio to MosaicML, with its first batch.
+    ratios = [line for line in after if "x MosaicML's samples/s, first batch" in line]
+    assert any(line.startswith("0.25mb-x4 shardstream cache: ") for line in ratios), after
     modes = ["cache"] + (["cacheless"] if "mode 'cacheless' skipped" not in done.stdout else [])
     once = [f"shardstream {m}{who}" for m in modes for who in ("", " (MosaicML-written)")]
     once += ["mosaic (S3 remote)", "litdata (S3 remote)", "lancedb-inline (S3 remote)"]
