@@ -12,26 +12,19 @@ import ctypes
 import ctypes.util
 import functools
 import logging
-import mmap
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from shardstream.client.cache.layout import CacheLayout
 from shardstream.client.reads.link import LinkEstimate
-from shardstream.client.reads.ranges import coalesce
 from shardstream.errors import CorruptShardError, HashMismatchError, ShardstreamError
 from shardstream.mds import PieceTable, ShardInfo
 from shardstream.storage import ObjectStore
 
 __all__ = [
     "BlockStats",
-    "blocks_in_place",
     "punch_hole",
     "pwrite_all",
     "read_header",
@@ -64,139 +57,6 @@ class BlockStats:
         with self.lock:
             for name, value in deltas.items():
                 setattr(self, name, getattr(self, name) + value)
-
-
-def read_peer_blocks(
-    peers: Sequence[Path],
-    info: ShardInfo,
-    blocks: Sequence[int],
-    block_size: int,
-    *,
-    stats: BlockStats,
-) -> dict[int, bytes]:
-    """Those of ``blocks`` (sorted) that other processes' files of the same shard hold,
-    each matching its digest: ``{block: bytes}`` (counted as ``peer_bytes``); the rest
-    must be fetched.
-
-    Block by block, not all or nothing: a peer that fetched block 3 for a batch serves it to
-    a process whose fill wants blocks 3..4, which then fetches only block 4. A peer's
-    block may be a hole (zeros) or half written when read here: the digest check is what
-    makes the bytes safe to use."""
-    from shardstream.mds import verify_range  # with block digests (mds >= blocks)
-
-    size = info.raw_data.bytes
-    found: dict[int, bytes] = {}
-    for path in peers:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue  # published or abandoned meanwhile
-        try:
-            wanted = [b for b in blocks if b not in found]
-            with_data = np.asarray(_blocks_with_data(fd, wanted, block_size, size), np.int64)
-            for a, b in coalesce(with_data, len(wanted)):
-                start, end = a * block_size, min((b + 1) * block_size, size)
-                data = os.pread(fd, end - start, start)
-                view = memoryview(data)
-                for block in range(a, b + 1):
-                    at = block * block_size - start
-                    piece = view[at : min(at + block_size, end - start)]
-                    if len(piece) != min(block_size, size - block * block_size):
-                        break  # the peer's file ends before this block: not there yet
-                    try:
-                        verify_range(info, start + at, piece)
-                    except CorruptShardError:
-                        continue  # not there yet
-                    found[block] = data if len(piece) == len(data) else piece.tobytes()
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-        if len(found) == len(blocks):
-            break
-    if found:
-        stats.add(peer_bytes=sum(len(b) for b in found.values()))
-    return found
-
-
-def blocks_in_place(
-    fd: int, info: ShardInfo, blocks: Sequence[int], block_size: int, *, stats: BlockStats
-) -> list[int]:
-    """Those of ``blocks`` that the full-size file ``fd`` of the shard holds verified: each
-    block's bytes checked against its digest where they lie, without copying them.
-
-    The node cache's download file of a shard is shared: the process filling it and the
-    node's other readers of the shard (who open the same file) write verified blocks into
-    it. What one of them wrote is used by the others in place, mapped and checked (a
-    block half written, or a hole, fails its digest: not there yet), never copied into a
-    file of their own. Counted as ``peer_bytes``."""
-    from shardstream.mds import verify_range  # with block digests (mds >= blocks)
-
-    size = info.raw_data.bytes
-    with_data = np.asarray(_blocks_with_data(fd, list(blocks), block_size, size), np.int64)
-    found: list[int] = []
-    for a, b in coalesce(with_data, len(with_data) or 1):
-        start, end = a * block_size, min((b + 1) * block_size, size)
-        try:  # block boundaries are page-aligned; the pages are faulted in at once
-            mapped = mmap.mmap(
-                fd, end - start, mmap.MAP_SHARED | _MAP_POPULATE, mmap.PROT_READ, offset=start
-            )
-        except (OSError, ValueError):
-            continue  # the file is shorter than the shard (never for a partial's own file)
-        with mapped, memoryview(mapped) as view:
-            for block in range(a, b + 1):
-                at = block * block_size - start
-                try:
-                    verify_range(info, start + at, view[at : min(at + block_size, end - start)])
-                except CorruptShardError:
-                    continue  # not there yet
-                found.append(block)
-    if found:
-        tail = size - (found[-1] * block_size)
-        stats.add(peer_bytes=(len(found) - 1) * block_size + min(block_size, tail))
-    return found
-
-
-_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
-
-
-def _blocks_with_data(fd: int, blocks: list[int], block_size: int, size: int) -> list[int]:
-    """Those of ``blocks`` whose bytes in file ``fd`` are not all a hole (``SEEK_DATA``).
-
-    A peer's download file is sparse: the blocks nobody wrote yet are holes, and reading
-    them would copy megabytes of zeros only to fail their digests. Asking the file system
-    where its data lies costs one ``lseek`` per block instead."""
-    with_data: list[int] = []
-    for block in blocks:
-        start = block * block_size
-        end = min(start + block_size, size)
-        try:
-            data_at = os.lseek(fd, start, os.SEEK_DATA)
-        except OSError:  # ENXIO: no data from here to the end of the file
-            break
-        if data_at < end:
-            with_data.append(block)
-    return with_data
-
-
-def offer_to_peers(peers: Sequence[Path], data: bytes | bytearray, start: int) -> None:
-    """Write verified bytes this process fetched into the node's in-flight download files
-    of the same shard, so that their fills find them there instead of fetching them again
-    (identical bytes at the same offsets: harmless wherever the file is by now). A
-    published cache file is never written: its verified marker covers it."""
-    for path in peers:
-        if CacheLayout.is_published(path):
-            continue
-        try:
-            fd = os.open(path, os.O_WRONLY)
-        except OSError:
-            continue  # published or abandoned meanwhile
-        try:
-            pwrite_all(fd, data, start)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
 
 
 def read_verified(
