@@ -55,6 +55,21 @@ def _journal(url: str) -> list[dict[str, object]]:
     return prefix
 
 
+def _stored_prefix(url: str) -> list[dict[str, object]]:
+    """The journal's prefix whose shards are stored whole: where a re-run resumes. A
+    worker journals a shard before putting it in place, so a kill between the two leaves
+    an entry (maybe the prefix's last) that the re-run cannot vouch for and writes again."""
+    store, prefix = open_store(url), []
+    for entry in _journal(url):
+        info = entry["info"]
+        assert isinstance(info, dict)
+        stored = info.get("zip_data") or info["raw_data"]
+        if store.size(stored["basename"]) != stored["bytes"]:
+            break
+        prefix.append(entry)
+    return prefix
+
+
 def _stored_entries(url: str) -> int:
     """Journal entries (any position) whose shard is stored whole: what a re-run reuses."""
     store = open_store(url)
@@ -171,7 +186,7 @@ def test_driver_killed_then_rerun_publishes_once_reusing_finished_shards(
         assert api.get_dataset("corpus").latest_published is None
         store = open_store(draft.storage_root)
         assert store.size("index.json") is None
-        journal = _journal(draft.storage_root)
+        journal = _stored_prefix(draft.storage_root)
         resume_chunk = journal[-1]["resume"]["stream"]["chunk"]  # type: ignore[index]
 
         reusable = _stored_entries(draft.storage_root)
