@@ -5,8 +5,9 @@ returns at once) and which the batch being built needs now (:meth:`BlockDemand.n
 waits); their blocks are fetched first (:mod:`~shardstream.client.reads.partial`) and a
 batch is built as soon as its own blocks are present and verified. A shard is read from
 where this process has it now: a complete reader, this process's own fill of the cache's
-download file, or a memory-backed partial (cacheless mode, or early reads of a shard
-another process is downloading). In cacheless mode the chunk's batch numbers stamp the
+download file, another process's download file of it opened in place
+(:meth:`ShardFills.join`), or a memory-backed partial (cacheless mode, or early reads
+before any process downloads it). In cacheless mode the chunk's batch numbers stamp the
 blocks they use, so the memory budget never evicts blocks a batch still to be built wants.
 
 :class:`BlockDemand` is a part of :class:`~shardstream.client.reads.reads.ShardReads`, over
@@ -54,7 +55,8 @@ class BlockDemand:
 
     def _reading(self, shard: int) -> PartialShard | ShardReader | None:
         """Where this process reads ``shard`` from right now: a complete reader, a partial
-        (this process's fill or a memory one), or ``None`` for the whole-shard lease."""
+        (this process's fill, another process's download file joined in place, or a memory
+        one), or ``None`` for the whole-shard lease."""
         shared = self._shared
         if self._leases.holds(shard):
             return None
