@@ -95,7 +95,7 @@ def read_blocks(
             partial.store, partial.key, partial.info, *span, stats=partial.stats, verify=verify
         )
         if verify and share.offer_to is not None:
-            offer_to_peers([p for p in share.offer_to() if p != partial.path], data, span[0])
+            offer_to_peers(share.offer_to(), data, span[0])
         pieces.append((span[0], data))
     return pieces
 
@@ -121,8 +121,6 @@ def read_peer_blocks(
     a process whose fill wants blocks 3..4, which then fetches only block 4. A peer's
     block may be a hole (zeros) or half written when read here: the digest check is what
     makes the bytes safe to use."""
-    from shardstream.mds import verify_range  # with block digests (mds >= blocks)
-
     size = info.raw_data.bytes
     found: dict[int, bytes] = {}
     for path in peers:
@@ -135,18 +133,10 @@ def read_peer_blocks(
             with_data = np.asarray(_blocks_with_data(fd, wanted, block_size, size), np.int64)
             for a, b in coalesce(with_data, len(wanted)):
                 start, end = a * block_size, min((b + 1) * block_size, size)
-                data = os.pread(fd, end - start, start)
-                view = memoryview(data)
-                for block in range(a, b + 1):
+                data = os.pread(fd, end - start, start)  # checked as copied, not before
+                for block in _verified(info, start, memoryview(data), range(a, b + 1), block_size):
                     at = block * block_size - start
-                    piece = view[at : min(at + block_size, end - start)]
-                    if len(piece) != min(block_size, size - block * block_size):
-                        break  # the peer's file ends before this block: not there yet
-                    try:
-                        verify_range(info, start + at, piece)
-                    except CorruptShardError:
-                        continue  # not there yet
-                    found[block] = data if len(piece) == len(data) else piece.tobytes()
+                    found[block] = data if a == b else data[at : at + block_size]
         except OSError:
             continue
         finally:
@@ -169,8 +159,6 @@ def blocks_in_place(
     it. What one of them wrote is used by the others in place, mapped and checked (a
     block half written, or a hole, fails its digest: not there yet), never copied into a
     file of their own. Counted as ``peer_bytes``."""
-    from shardstream.mds import verify_range  # with block digests (mds >= blocks)
-
     size = info.raw_data.bytes
     with_data = np.asarray(_blocks_with_data(fd, list(blocks), block_size, size), np.int64)
     found: list[int] = []
@@ -183,13 +171,7 @@ def blocks_in_place(
         except (OSError, ValueError):
             continue  # the file is shorter than the shard (never for a partial's own file)
         with mapped, memoryview(mapped) as view:
-            for block in range(a, b + 1):
-                at = block * block_size - start
-                try:
-                    verify_range(info, start + at, view[at : min(at + block_size, end - start)])
-                except CorruptShardError:
-                    continue  # not there yet
-                found.append(block)
+            found += _verified(info, start, view, range(a, b + 1), block_size)
     if found:
         tail = size - (found[-1] * block_size)
         stats.add(peer_bytes=(len(found) - 1) * block_size + min(block_size, tail))
@@ -197,6 +179,29 @@ def blocks_in_place(
 
 
 _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+
+
+def _verified(
+    info: ShardInfo, start: int, view: memoryview, blocks: range, block_size: int
+) -> list[int]:
+    """Those of consecutive ``blocks`` whose bytes in ``view`` (the file's bytes from
+    offset ``start``) match their digests. A block the view cuts short (the file ends
+    before it), a hole or a half-written one is not there yet."""
+    from shardstream.mds import verify_range  # with block digests (mds >= blocks)
+
+    size = info.raw_data.bytes
+    found: list[int] = []
+    for block in blocks:
+        at = block * block_size - start
+        with view[at : at + block_size] as piece:  # released at once: a mapping closes after
+            if len(piece) != min(block_size, size - block * block_size):
+                break
+            try:
+                verify_range(info, start + at, piece)
+            except CorruptShardError:
+                continue
+        found.append(block)
+    return found
 
 
 def _blocks_with_data(fd: int, blocks: list[int], block_size: int, size: int) -> list[int]:
