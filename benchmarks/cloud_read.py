@@ -39,6 +39,7 @@ import resource
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -605,8 +606,7 @@ def print_ratios(lines: list[tuple[str, str, int]], rows: dict[tuple[str, str], 
     (medians), beside its first batch: the cold-path target reads off these lines."""
 
     def median_rate(runs: list[Row]) -> float:
-        rates = sorted(r.samples / r.seconds for r in runs)
-        return rates[(len(rates) - 1) // 2]
+        return statistics.median_low(r.samples / r.seconds for r in runs)
 
     for name, label, _ in lines:
         if not label.startswith("shardstream") or "resumed" in label or "nodes" in label:
@@ -616,11 +616,10 @@ def print_ratios(lines: list[tuple[str, str, int]], rows: dict[tuple[str, str], 
         if not mosaic:
             continue
         runs = rows[(name, label)]
-        firsts = sorted(r.ttfb for r in runs)
         print(
             f"{name} {label}: {median_rate(runs) / median_rate(mosaic):.1f}x MosaicML's "
-            f"samples/s, first batch {firsts[(len(firsts) - 1) // 2]:.2f} s "
-            f"(MosaicML {sorted(r.ttfb for r in mosaic)[(len(mosaic) - 1) // 2]:.2f} s)"
+            f"samples/s, first batch {statistics.median_low(r.ttfb for r in runs):.2f} s "
+            f"(MosaicML {statistics.median_low(r.ttfb for r in mosaic):.2f} s)"
         )
 
 
