@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,7 @@ from shardstream.api_client import APIClient
 from shardstream.shard_builder import TextBuildConfig, build_text
 from shardstream.shard_builder.inputs import resolve_inputs
 from shardstream.shard_builder.text_source import plan_chunks
-from shardstream.storage import open_store
+from shardstream.storage import ObjectStore, open_store
 from tests.builder.conftest import dir_bytes, make_docs, write_jsonl
 from tests.fixtures.ray_cluster import RayCluster
 from tests.fixtures.s3 import S3Bucket
@@ -61,10 +62,7 @@ def _stored_prefix(url: str) -> list[dict[str, object]]:
     an entry (maybe the prefix's last) that the re-run cannot vouch for and writes again."""
     store, prefix = open_store(url), []
     for entry in _journal(url):
-        info = entry["info"]
-        assert isinstance(info, dict)
-        stored = info.get("zip_data") or info["raw_data"]
-        if store.size(stored["basename"]) != stored["bytes"]:
+        if not _stored_whole(store, entry):
             break
         prefix.append(entry)
     return prefix
@@ -73,12 +71,15 @@ def _stored_prefix(url: str) -> list[dict[str, object]]:
 def _stored_entries(url: str) -> int:
     """Journal entries (any position) whose shard is stored whole: what a re-run reuses."""
     store = open_store(url)
-    count = 0
-    for key, _ in store.list(".shardstream-build/done"):
-        info = json.loads(store.read_bytes(key))["info"]
-        stored = info.get("zip_data") or info["raw_data"]  # the file as stored
-        count += store.size(stored["basename"]) == stored["bytes"]
-    return count
+    entries = (json.loads(store.read_bytes(k)) for k, _ in store.list(".shardstream-build/done"))
+    return sum(_stored_whole(store, entry) for entry in entries)
+
+
+def _stored_whole(store: ObjectStore, entry: dict[str, Any]) -> bool:
+    """Whether the shard of journal ``entry`` is in ``store`` at its recorded size."""
+    info = entry["info"]
+    stored = info.get("zip_data") or info["raw_data"]  # the file as stored
+    return bool(store.size(stored["basename"]) == stored["bytes"])
 
 
 def _run_until(args: list[str], done: Callable[[], bool], cwd: Path) -> subprocess.Popen[bytes]:
