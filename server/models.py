@@ -188,13 +188,15 @@ class RunAttemptRow(Base):
     """One start of a run (the ledger): its topology, where it resumed, what it changed.
 
     ``key`` is chosen by the job (the same on all its ranks), so every rank registers
-    the same attempt idempotently; ``number`` counts a run's attempts from 1.
+    the same attempt idempotently; ``number`` counts a run's attempts from 1. A key is
+    not unique: a launcher reuses its ids when a job is started again by hand, and such a
+    later start is a new attempt under the same key (the newest is the one ranks join).
     """
 
     __tablename__ = "run_attempts"
     __table_args__ = (
         UniqueConstraint("run_id", "number", name="uq_run_attempts_run_number"),
-        UniqueConstraint("run_id", "key", name="uq_run_attempts_run_key"),
+        Index("ix_run_attempts_run_key", "run_id", "key"),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
@@ -216,6 +218,12 @@ class RunAttemptRow(Base):
     changes: Mapped[list[Any]] = mapped_column(JSON)
     created_by: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # Why its ranks disagreed (a rank registered the key with another start): none of its
+    # commits is accepted. None: its ranks agree.
+    disputed: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Its commits the server refused, [step, epoch, sample_in_epoch] each (the first
+    # MAX_REFUSED): the trainer may have saved a model at such a step all the same.
+    refused: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class ConsoleSessionRow(Base):
