@@ -19,7 +19,8 @@ journal is opened (refusing another build's output) and its finished shards reus
 progress bar skips them, worker processes run the units with results in input order
 (:func:`produce_locally`; a Ray driver replaces this step, see
 :mod:`.cluster.driver`), each shard is stored then journaled in shard order, ``index.json``
-is written last and the journal deleted, bad input discards the partial output, and the
+is written last and the journal deleted, bad input discards the partial output, a failed
+build removes an output folder it made and left empty, and the
 :class:`~.result.BuildResult` carries the summary. Publishing (``--dataset``) wraps any
 build the same way: :meth:`~.publish.DraftVersion.add_build` registers its result.
 """
@@ -241,6 +242,15 @@ def run_build(kind: K, produce: Producer[K] | None = None) -> BuildResult:
     except InputError:
         kind.close()  # nothing in flight while the partial output goes
         sink.discard_partial()  # fixing the input changes it: nothing here can be reused
+        sink.close()
+        sink.remove_created_dirs()
+        raise
+    except BaseException:
+        kind.close()
+        sink.close()
+        # Finished shards stay for a resume (no index.json: no reader takes them for a
+        # dataset); an output this build made that holds no shard goes whole.
+        sink.discard_if_made_without_shards()
         raise
     finally:
         kind.close()

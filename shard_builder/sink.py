@@ -37,6 +37,10 @@ def _is_ours(key: str) -> bool:
     return key.startswith(_OURS) or _SPREAD_SHARD.match(key) is not None
 
 
+def _is_shard(key: str) -> bool:
+    return key.startswith("shard.") or _SPREAD_SHARD.match(key) is not None
+
+
 def local_output_dir(output: str) -> Path | None:
     """The local directory ``output`` names, or ``None`` for an object-store URL."""
     parsed = urlparse(output)
@@ -52,7 +56,11 @@ class ShardSink:
 
     def __init__(self, output: str) -> None:
         local = local_output_dir(output)
+        # The folders this build makes (deepest first): a failed build removes them again
+        # when they are left empty (remove_created_dirs), never a folder that was there.
+        self._created: list[Path] = []
         if local is not None:
+            self._created = _missing_dirs(local.absolute())
             local.mkdir(parents=True, exist_ok=True)
             self.store: ObjectStore = LocalStore(local)
             self.staging = local.absolute()
@@ -94,6 +102,28 @@ class ShardSink:
             if _is_ours(key):
                 self.store.delete(key)
         self.remove_local_dir(".shardstream-build")
+
+    def remove_created_dirs(self) -> None:
+        """After a failed build: remove the folders this sink made that hold nothing now
+        (an empty output folder would look like a dataset being written); a folder that
+        still holds something (an interrupted build's shards and journal, kept for a
+        resume) stays, and so do its parents."""
+        for folder in self._created:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty, or gone: the folders above it stay too
+                return
+
+    def discard_if_made_without_shards(self) -> None:
+        """After a build stopped by anything but bad input: when this sink made the output
+        folder and no shard was stored in it, nothing there can help a resume, so the
+        journal and the folders go (a local output only)."""
+        if not self._created:
+            return
+        with contextlib.suppress(ShardstreamError, OSError):
+            if not any(_is_shard(key) for key, _ in self.store.list()):
+                self.discard_partial()
+                self.remove_created_dirs()
 
     def stored(self, info: ShardInfo, after_store: Callable[[], None]) -> None:
         """The codec has written ``info``'s file into :attr:`staging`: store it, then call back."""
@@ -161,6 +191,15 @@ class ShardSink:
             self.flush()
         if self._remote:
             shutil.rmtree(self.staging, ignore_errors=True)
+
+
+def _missing_dirs(folder: Path) -> list[Path]:
+    """``folder`` and those of its parents that do not exist yet, deepest first."""
+    missing: list[Path] = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
 
 
 def _sweep_temp_files(folder: Path) -> None:

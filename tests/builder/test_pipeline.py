@@ -146,7 +146,7 @@ def test_bad_input_leaves_no_partial_output(tmp_path: Path) -> None:
     out = tmp_path / "out"
     with pytest.raises(InputError, match="no units"):
         run_build(CountKind(_config(out), units=0))
-    assert not any(out.iterdir())
+    assert not out.exists()  # the build made the folder: it goes with what was in it
 
 
 def test_a_new_kind_publishes_through_a_draft(tmp_path: Path, live_server: LiveServer) -> None:
