@@ -19,6 +19,14 @@ if TYPE_CHECKING:
     from shardstream.client.plan._weights import MixtureSchedule
 
 
+SCHEDULED_ORDER = 2
+"""Version of the scheduled plan's order on top of ``PLAN_ALGORITHM`` (hashed with the
+schedule, so only scheduled plans' fingerprints change with it). 2: a subsampled source's
+cursor advances by the earlier epochs' own shares (1 re-read samples once a schedule
+changed a source's share between epochs). Plans without a schedule keep their order and
+fingerprint, and their saved states (format 1 too) still resume."""
+
+
 def plan_fingerprint(
     algorithm: int,
     config: PlanConfig,
@@ -33,5 +41,6 @@ def plan_fingerprint(
         h.update(repr((s.name, s.weight, s.repeat, s.count)).encode())
         h.update(np.ascontiguousarray(s.shard_sizes, dtype="<i8").tobytes())
     if schedule is not None:
-        h.update(b"schedule:" + repr(schedule.to_params()).encode())
+        tag = f"schedule:{SCHEDULED_ORDER}:".encode()
+        h.update(tag + repr(schedule.to_params()).encode())
     return h.hexdigest()[:32]

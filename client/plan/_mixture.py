@@ -15,8 +15,9 @@ Choosing exactly ``T`` of a source's ``N`` samples:
   one of the proportional share ``T n_k / N``; ``phi`` (random per epoch) decides which
   shards get the rounding extra, so no shard is favoured over epochs.
 * inside a shard, a fractional share takes a window of ``sigma``'s order starting at a
-  cursor that advances by the shard's share every epoch, so consecutive epochs see
-  disjoint samples until the shard is covered (epoch-wise coverage, not luck). With a
+  cursor that advances by the shard's share every epoch (the sum of the earlier epochs'
+  shares, which a mixture schedule changes from epoch to epoch), so consecutive epochs
+  see disjoint samples until the shard is covered (epoch-wise coverage, not luck). With a
   whole repeat factor there is nothing to rotate, and ``sigma`` changes per epoch instead.
 """
 
@@ -90,6 +91,23 @@ def _floor_div_scaled(t: int, cum: I64, phi: int, n: int) -> I64:
     return np.asarray(obj, dtype=np.int64)
 
 
+def _advance(past: Sequence[tuple[int, int]], sizes: I64) -> I64:
+    """How far each shard's cursor moved over the earlier epochs: the sum of their
+    fractional shares, ``epochs x (rest x n_k // N)`` per ``(total, epochs)`` of ``past``
+    (modulo the shard's size, so the sum never overflows). Whole repeats (``rest == 0``)
+    move nothing: they read every sample and rotate nothing."""
+    n_src = int(sizes.sum())
+    safe = np.maximum(sizes, 1)
+    out = np.zeros(sizes.size, dtype=np.int64)
+    for total, epochs in past:
+        rest = int(total) % n_src
+        if rest == 0 or epochs == 0:
+            continue
+        share = (rest * sizes) // n_src
+        out = (out + (share * (int(epochs) % safe)) % safe) % safe
+    return out
+
+
 @dataclass(frozen=True)
 class SpanTable:
     """The epoch's items grouped into spans (unpermuted: in source then shard order).
@@ -111,9 +129,19 @@ class SpanTable:
 
 
 def build_spans(
-    sources: Sequence[SourceSpec], config: PlanConfig, epoch: int, totals: Sequence[int]
+    sources: Sequence[SourceSpec],
+    config: PlanConfig,
+    epoch: int,
+    totals: Sequence[int],
+    earlier: Sequence[Sequence[tuple[int, int]]] | None = None,
 ) -> SpanTable:
-    """Spans of every source for ``epoch``, sources in order, shards in order."""
+    """Spans of every source for ``epoch``, sources in order, shards in order.
+
+    ``earlier`` (per source: ``(total, epochs)`` pairs) is what the earlier epochs took of
+    each source, for a fractional share's cursor to continue where they stopped; ``None``
+    means ``epoch`` epochs of ``totals`` (a plain mixture: the same every epoch). A mixture
+    schedule changes a source's total between epochs, so it passes its own.
+    """
     parts: list[tuple[I64, I64, I64, NDArray[np.uint64]]] = []
     shard_base = 0
     for s, (src, total) in enumerate(zip(sources, totals, strict=True)):
@@ -135,8 +163,8 @@ def build_spans(
             keys = keys_for(derive_key(config.seed, _TAG_SIGMA), gidx)
             start = keys_for(derive_key(config.seed, _TAG_CURSOR), gidx)
             safe = np.maximum(sizes, 1)
-            share = (rest * sizes) // n_src
-            rot = ((start % safe.astype(np.uint64)).astype(np.int64) + epoch * share) % safe
+            past = [(total, epoch)] if earlier is None else earlier[s]
+            rot = ((start % safe.astype(np.uint64)).astype(np.int64) + _advance(past, sizes)) % safe
         shard_base += sizes.size
         keep = counts > 0
         sizes, counts, gidx, keys, rot = (

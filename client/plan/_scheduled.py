@@ -13,8 +13,9 @@ each segment is planned as its own mixture with its piece's weights (``docs/plan
    function of the segment's bounds and weights. A source's epoch total is
    ``T_s = sum_k c_sk``.
 3. **Source sequences.** Each source's ``T_s`` items are its spans as a plain epoch would
-   take them (:func:`~._mixture.build_spans`: repeats, rotating subsets), in a seeded
-   order per ``(seed, epoch, source)``. Segment ``k`` takes items
+   take them (:func:`~._mixture.build_spans`: repeats, rotating subsets whose cursor
+   advances by what the earlier epochs took of the source, :func:`earlier_totals`), in a
+   seeded order per ``(seed, epoch, source)``. Segment ``k`` takes items
    ``[c_s0 + ... + c_s(k-1), ... + c_sk)`` of that sequence, cutting at most two spans, so
    every sample is used once per its repeat budget across the segments, and each segment
    reads whole shards except at its two cuts.
@@ -26,6 +27,7 @@ each segment is planned as its own mixture with its piece's weights (``docs/plan
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -67,14 +69,60 @@ def epoch_segments(
     >>> epoch_segments(s, 1, 10)
     [(0, 5, (1.0, 0.0)), (5, 10, (0.0, 1.0))]
     """
+    return _segments(schedule.pieces(), epoch, num_batches)
+
+
+def _segments(
+    pieces: Sequence[tuple[int, tuple[float, ...]]], epoch: int, num_batches: int
+) -> list[tuple[int, int, tuple[float, ...]]]:
+    """:func:`epoch_segments` over pieces already made (O(segments of the epoch))."""
     lo, hi = epoch * num_batches, (epoch + 1) * num_batches
-    pieces = schedule.pieces()
+    i = max(0, bisect.bisect_right([start for start, _ in pieces], lo) - 1)
     out = []
-    for i, (start, weights) in enumerate(pieces):
+    while i < len(pieces) and pieces[i][0] < hi:
+        start, weights = pieces[i]
         stop = pieces[i + 1][0] if i + 1 < len(pieces) else hi
         a, b = max(start, lo), min(stop, hi)
         if a < b:
             out.append((a - lo, b - lo, weights))
+        i += 1
+    return out
+
+
+def segment_counts(
+    segments: Sequence[tuple[int, int, tuple[float, ...]]], num_samples: int, batch: int
+) -> list[list[int]]:
+    """``[segment][source]``: the items each source gives each segment of an epoch of
+    ``num_samples`` (step 2 of the module: the last segment holds the epoch's tail)."""
+    items = [(stop - a) * batch for a, stop, _ in segments]
+    items[-1] = num_samples - segments[-1][0] * batch
+    return [split_by_weights(n, w) for n, (_, _, w) in zip(items, segments, strict=True)]
+
+
+def earlier_totals(
+    pieces: Sequence[tuple[int, tuple[float, ...]]],
+    epoch: int,
+    num_batches: int,
+    num_samples: int,
+    batch: int,
+) -> list[list[tuple[int, int]]]:
+    """Per source, ``(total, epochs)``: what epochs ``0 .. epoch-1`` took of it, grouped
+    (for :func:`~._mixture.build_spans`'s cursor). Epochs inside one piece take the same,
+    so this costs O(pieces), never O(epochs): the epochs a piece holds whole are counted
+    at once, and at most one epoch per piece boundary is cut into segments."""
+    n, num_sources = num_batches, len(pieces[0][1])
+    out: list[list[tuple[int, int]]] = [[] for _ in range(num_sources)]
+    cut = sorted({start // n for start, _ in pieces[1:] if start % n and start // n < epoch})
+    for e in cut:
+        counts = segment_counts(_segments(pieces, e, n), num_samples, batch)
+        for s in range(num_sources):
+            out[s].append((sum(row[s] for row in counts), 1))
+    for i, (start, weights) in enumerate(pieces):
+        first = -(-start // n)
+        stop = min(pieces[i + 1][0] // n if i + 1 < len(pieces) else epoch, epoch)
+        if stop > first:
+            for s, total in enumerate(split_by_weights(num_samples, weights)):
+                out[s].append((total, stop - first))
     return out
 
 
@@ -153,17 +201,16 @@ class ScheduledPlan:
                 f"the epoch has {self.num_samples} samples, fewer than one global batch "
                 f"(PlanConfig.global_batch_size={b}); lower the batch size or use tail='pad'"
             )
-        segs = epoch_segments(schedule, self.epoch, self.num_batches)
+        pieces = schedule.pieces()
+        segs = _segments(pieces, self.epoch, self.num_batches)
         self.segment_starts: I64 = np.array([a for a, _, _ in segs], dtype=np.int64)
         self.segment_weights = [w for _, _, w in segs]
-        items = [(stop - a) * b for a, stop, _ in segs]
-        items[-1] = self.num_samples - segs[-1][0] * b
         self.segment_counts: I64 = np.array(
-            [split_by_weights(n, w) for n, w in zip(items, self.segment_weights, strict=True)],
-            dtype=np.int64,
+            segment_counts(segs, self.num_samples, b), dtype=np.int64
         ).reshape(len(segs), len(sources))
         """``[segment, source]``: items each source gives each segment."""
         self.source_totals = [int(t) for t in self.segment_counts.sum(axis=0).tolist()]
+        self._earlier = earlier_totals(pieces, self.epoch, self.num_batches, self.num_samples, b)
         self._sequences = self._source_sequences()
         self._segments: dict[int, EpochPlan] = {}
 
@@ -171,7 +218,7 @@ class ScheduledPlan:
         """Each source's epoch items as a span sequence in its seeded order, with the
         cumulative item counts of its spans."""
         config = self.config
-        table = build_spans(self.sources, config, self.epoch, self.source_totals)
+        table = build_spans(self.sources, config, self.epoch, self.source_totals, self._earlier)
         source_of = np.searchsorted(self.source_shard_offsets, table.shard, side="right") - 1
         out = []
         for s in range(len(self.sources)):
