@@ -34,6 +34,7 @@ install-dev: $(BIN)/python
 
 demo: install
 	$(BIN)/shardstream demo
+	@echo "shardstream is installed in $(VENV): run 'source $(VENV)/bin/activate' in your shell to use it (docs/quickstart.md)."
 
 # The web console's tests drive Debian's chromium (installed here where missing; needs root).
 browser:

@@ -10,7 +10,7 @@ releases the shared memory MosaicML's reader would hold until the process exits.
 
 import pytest
 
-from tests.fixtures.netns import in_private_netns
+from tests.fixtures.netns import PRIVATE_MARKS, in_private_netns
 
 pytest_plugins = [
     "tests.fixtures.s3",
@@ -22,33 +22,39 @@ pytest_plugins = [
 ]
 
 
-# --- Ray only in a private network namespace (tests/fixtures/netns.py) ---------------------
+# --- Ray and torch.distributed only in a private network namespace (tests/fixtures/netns.py) -
 
-RAY_TESTS = pytest.StashKey[list[str]]()
-RAY_RUNNER = "test_ray_tests_run_in_a_private_network_namespace"
+PRIVATE_TESTS = pytest.StashKey[list[str]]()
+PRIVATE_RUNNER = "test_marked_tests_run_in_a_private_network_namespace"
+
+
+def _private(item: pytest.Item) -> bool:
+    return any(item.get_closest_marker(mark) is not None for mark in PRIVATE_MARKS)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In the host's namespace, hand the Ray tests to the runner that starts a private one.
+    """In the host's namespace, hand the tests that start Ray or torch.distributed to the
+    runner that starts a private one.
 
-    The tests marked ``ray`` are taken out of this session and ``tests/test_ray_netns.py``
-    runs exactly them under ``tools/in-private-netns``; inside a private namespace the
-    runner itself is the one left out.
+    The tests marked ``ray`` or ``distributed`` are taken out of this session and
+    ``tests/test_private_netns.py`` runs exactly them under ``tools/in-private-netns``;
+    inside a private namespace the runner itself is the one left out.
     """
-    runner = [item for item in items if item.name == RAY_RUNNER]
+    runner = [item for item in items if item.name == PRIVATE_RUNNER]
     if in_private_netns():
         keep, drop = [i for i in items if i not in runner], runner
     else:
-        drop = [item for item in items if item.get_closest_marker("ray") is not None]
+        drop = [item for item in items if _private(item)]
         keep = [item for item in items if item not in drop]
         if drop and not runner:
             raise pytest.UsageError(
-                f"{len(drop)} selected tests start Ray, which runs only in a private network "
-                "namespace; run them with: tools/in-private-netns python -m pytest -m ray "
+                f"{len(drop)} selected tests start Ray or torch.distributed, which run only "
+                "in a private network namespace; run them with: tools/in-private-netns "
+                "python -m pytest -m 'ray or distributed' "
                 + " ".join(item.nodeid for item in drop[:3])
                 + (" ..." if len(drop) > 3 else "")
             )
-        config.stash[RAY_TESTS] = [item.nodeid for item in drop]
+        config.stash[PRIVATE_TESTS] = [item.nodeid for item in drop]
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+# Starts torch.distributed: runs in a private network namespace (tests/fixtures/netns.py).
+pytestmark = pytest.mark.distributed
+
 
 def ids_by_step(log: Path) -> dict[int, list[int]]:
     """``step [loss] ids`` lines; a last line cut by SIGKILL (no newline) is left out."""

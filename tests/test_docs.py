@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.netns import STARTS_RAY, wrapped
+from tests.fixtures.netns import STARTS_DISTRIBUTED, STARTS_RAY, wrapped
 
 REPO = Path(__file__).resolve().parents[1]
 DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -95,6 +95,15 @@ def starts_ray(doc: Path) -> bool:
     """True when one of the document's runnable examples starts or joins Ray."""
     return any(
         e.skip_reason is None and STARTS_RAY.search(e.body) is not None for e in examples(doc)
+    )
+
+
+def needs_private_netns(doc: Path) -> bool:
+    """True when one of the document's runnable examples starts Ray or torch.distributed
+    (tests/fixtures/netns.py says why both run only where loopback is the only interface)."""
+    return starts_ray(doc) or any(
+        e.skip_reason is None and STARTS_DISTRIBUTED.search(e.body) is not None
+        for e in examples(doc)
     )
 
 
@@ -173,9 +182,10 @@ def _start(doc: Path, tmp: Path) -> _DocRun:
     log = tmp / "output.log"  # a file, not a pipe: nobody reads it until the script ends
     with log.open("wb") as out:
         process = subprocess.Popen(
-            # A document whose examples start Ray runs in a private network namespace
-            # (tests/fixtures/netns.py): Ray's dashboard probes a cloud metadata address.
-            wrapped(["bash", str(script)]) if starts_ray(doc) else ["bash", str(script)],
+            # A document whose examples start Ray or torch.distributed runs in a private
+            # network namespace (tests/fixtures/netns.py): Ray's dashboard probes a cloud
+            # metadata address, torch's TCPStore asks DNS for its loopback peers' names.
+            wrapped(["bash", str(script)]) if needs_private_netns(doc) else ["bash", str(script)],
             cwd=work,
             env=env,
             stdout=out,

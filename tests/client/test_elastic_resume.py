@@ -38,6 +38,9 @@ from tests.harness.datasets import write_id_dataset
 from tests.harness.records import AttemptLog
 from tests.harness.scenario import Killed, attempt, resume_state_dict, run_and_kill, run_epoch
 
+# Starts torch.distributed: runs in a private network namespace (tests/fixtures/netns.py).
+pytestmark = pytest.mark.distributed
+
 I64 = NDArray[np.int64]
 SETTINGS = settings(
     max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True

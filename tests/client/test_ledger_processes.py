@@ -38,6 +38,9 @@ from tests.harness.job import Job, JobError
 from tests.harness.records import AttemptLog, complete_checkpoint_steps
 from tests.harness.scenario import attempt, run_and_kill, run_epoch
 
+# Starts torch.distributed: runs in a private network namespace (tests/fixtures/netns.py).
+pytestmark = pytest.mark.distributed
+
 GLOBAL_BATCH = 24
 STEPS = 32
 NUM_SAMPLES = GLOBAL_BATCH * STEPS

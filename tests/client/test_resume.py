@@ -32,6 +32,9 @@ from tests.harness.datasets import write_id_dataset
 from tests.harness.records import AttemptLog
 from tests.harness.scenario import attempt, resume_state_dict, run_and_kill, run_epoch
 
+# Starts torch.distributed: runs in a private network namespace (tests/fixtures/netns.py).
+pytestmark = pytest.mark.distributed
+
 NUM_SAMPLES = 6144
 GLOBAL_BATCH = 64
 PARTITIONS = 4

@@ -19,6 +19,9 @@ from tests.harness.job import Job, live_group_members
 from tests.harness.records import AttemptLog, IdArray
 from tests.harness.scenario import attempt, resume_state_dict, run_and_kill, run_epoch
 
+# Starts torch.distributed: runs in a private network namespace (tests/fixtures/netns.py).
+pytestmark = pytest.mark.distributed
+
 GLOBAL_BATCH = 32
 
 

@@ -26,6 +26,9 @@ from tests.harness.config import DataSettings, TrainerConfig
 from tests.harness.records import AttemptLog, IdArray, checkpoint_path, load_checkpoint
 from tests.harness.scenario import attempt, resume_state_dict, run_and_kill, run_epoch
 
+# Starts torch.distributed: runs in a private network namespace (tests/fixtures/netns.py).
+pytestmark = pytest.mark.distributed
+
 DOCS = 600  # per source
 GLOBAL_BATCH = 16
 EPOCH = 960  # documents an epoch: no source runs out, so each document is read at most once

@@ -34,6 +34,9 @@ from tests.harness.config import DataSettings, ServerResume, TrainerConfig
 from tests.harness.job import REPO_ROOT
 from tests.harness.scenario import attempt, run_and_kill, run_epoch
 
+# Starts torch.distributed: runs in a private network namespace (tests/fixtures/netns.py).
+pytestmark = pytest.mark.distributed
+
 DATASET = "e2e-corpus"
 SEQ_LEN = 32  # byte-level tokens per sample: 64 bytes as uint16
 SHARD_SIZE = 16 << 10

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from tests.fixtures.netns import require_private_netns
 from tests.harness.config import TrainerConfig
 from tests.harness.records import done_path, last_step, log_path
 
@@ -77,6 +78,8 @@ class Job:
         unset_env: Sequence[str] = (),
     ) -> None:
         self.cfg = cfg
+        # torch's TCPStore would ask DNS for the name of every loopback peer (netns.py).
+        require_private_netns("torch.distributed")
         self.world_size = world_size
         self.attempt_dir = Path(cfg.attempt_dir)
         self.attempt_dir.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,9 @@ from tests.harness.config import DataSettings, TrainerConfig
 from tests.harness.datasets import COLUMNS, expected_tokens
 from tests.harness.scenario import attempt, resume_state_dict, run_and_kill, run_epoch
 
+# Starts torch.distributed: runs in a private network namespace (tests/fixtures/netns.py).
+pytestmark = pytest.mark.distributed
+
 __all__ = ["_cloud_emulator_process", "cloud_emulator"]
 
 N = 6400
