@@ -5,7 +5,9 @@ Each rank's commit carries its figures since its previous commit
 rank keeps the latest window, the totals, and the wait share of the last
 :data:`~shardstream.wire._input_stats.MAX_HISTORY` commits, so what the server stores is
 bounded by the number of ranks, not by the length of the run. A commit retried at a step
-the row already has is not counted twice.
+the row already has is not counted twice. Totals saturate at their bounds
+(:func:`~shardstream.wire._input_stats.saturated`) and stored figures are held to them
+when read, so no sum ever makes a run's views fail.
 """
 
 from __future__ import annotations
@@ -20,12 +22,22 @@ from sqlalchemy.orm import Session
 
 from shardstream.errors import RequestValidationError
 from shardstream.server.models import RankInputStatsRow, RunRow, utcnow
-from shardstream.wire import InputStatsReport, RankInputStats, RunInputStats, RunInputSummary
+from shardstream.wire import (
+    InputFigures,
+    InputStatsReport,
+    RankInputStats,
+    RunInputStats,
+    RunInputSummary,
+)
+from shardstream.wire._fields import MAX_INT
 from shardstream.wire._input_stats import (
+    COUNTS,
     DEFAULT_RANKS,
     MAX_HISTORY,
     MAX_MISSING_LISTED,
     MAX_WORLD_SIZE,
+    SECONDS,
+    saturated,
 )
 
 from . import runs as runs_data
@@ -33,21 +45,7 @@ from . import runs as runs_data
 INPUT_BOUND = ("io_bound", "cpu_bound")
 
 # Fields a window adds to the totals (the rest describe the latest window only).
-_SUMMED = (
-    "batches",
-    "data_wait_s",
-    "step_s",
-    "first_batch_s",
-    "storage_requests",
-    "storage_bytes",
-    "throttled",
-    "retries",
-    "peer_bytes",
-    "cache_hits",
-    "cache_misses",
-    "build_s",
-    "build_cpu_s",
-)
+_SUMMED = (*COUNTS, *SECONDS)
 
 
 def share(report: dict[str, Any]) -> float:
@@ -80,9 +78,11 @@ def record(session: Session, run_id: int, step: int, report: InputStatsReport) -
         return  # a retried or replayed commit: this window is counted already
     total = dict(row.total)
     for name in _SUMMED:
-        total[name] = total.get(name, 0) + latest[name]
+        total[name] = saturated(name, total.get(name, 0) + latest[name])
     counts = total.get("latency_counts") or [0] * len(report.latency_counts)
-    total["latency_counts"] = [a + b for a, b in zip(counts, report.latency_counts, strict=True)]
+    total["latency_counts"] = [
+        min(a + b, MAX_INT) for a, b in zip(counts, report.latency_counts, strict=True)
+    ]
     for name in ("world_size", "ring_occupancy", "workers", "verdict"):
         total[name] = latest[name]
     row.world_size, row.step, row.verdict = report.world_size, step, report.verdict
@@ -98,11 +98,23 @@ def _public(row: RankInputStatsRow) -> RankInputStats:
         step=row.step,
         verdict=row.verdict,
         wait_share=row.wait_share,
-        latest=InputStatsReport.model_validate(row.latest),
-        total=InputStatsReport.model_validate(row.total),
+        latest=_figures(row.latest),
+        total=_figures(row.total),
         history=[(int(s), float(v)) for s, v in row.history],
         updated_at=row.updated_at,
     )
+
+
+def _figures(stored: Mapping[str, Any]) -> InputFigures:
+    """Stored figures, held to their bounds (rows summed before totals saturated)."""
+    held = dict(stored)
+    for name in _SUMMED:
+        if isinstance(held.get(name), int | float):
+            held[name] = saturated(name, max(held[name], 0))
+    counts = held.get("latency_counts")
+    if isinstance(counts, list):
+        held["latency_counts"] = [min(max(int(n), 0), MAX_INT) for n in counts]
+    return InputFigures.model_validate(held)
 
 
 def run_verdict(verdicts: list[str]) -> str:

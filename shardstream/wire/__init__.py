@@ -12,7 +12,8 @@ normalized to UTC, and free-form JSON documents are bounded in size and depth
 
 Import everything from here; the private modules hold the field types and validators
 (``_fields``, ``_json``), datasets, versions, shards and presigned URLs (``_datasets``), runs and
-checkpoints (``_runs``), a run's mixture over training (``_mixture``), tokens (``_tokens``)
+checkpoints (``_runs``), the bounds on what a run's plans, positions and attempts
+may carry (``_run_bounds``), a run's mixture over training (``_mixture``), tokens (``_tokens``)
 and the entity-less responses (``_responses``).
 """
 
@@ -34,7 +35,13 @@ from ._datasets import (
     VersionUpdate,
 )
 from ._fields import MAX_INT, NAME_PATTERN, check_name, check_shard_key
-from ._input_stats import InputStatsReport, RankInputStats, RunInputStats, RunInputSummary
+from ._input_stats import (
+    InputFigures,
+    InputStatsReport,
+    RankInputStats,
+    RunInputStats,
+    RunInputSummary,
+)
 from ._json import FieldLimits, check_json_document, field_limits, set_field_limits
 from ._mixture import (
     MAX_MIXTURE_WINDOWS,
@@ -44,6 +51,17 @@ from ._mixture import (
     token_count_text,
 )
 from ._responses import ErrorResponse, Health, Page
+from ._run_bounds import (
+    MAX_ATTEMPT_CHANGES,
+    MAX_ATTEMPT_CHANGES_BYTES,
+    MAX_EPOCH_SAMPLES,
+    MAX_EPOCHS,
+    MAX_SCHEDULE_PHASES,
+    MAX_SCHEDULE_PIECES,
+    MAX_STEPS,
+    MAX_TOKENS,
+    check_plan_bounds,
+)
 from ._runs import (
     AttemptCreate,
     AttemptPublic,
@@ -59,10 +77,18 @@ from ._runs import (
 from ._tokens import Scope, TokenCreate, TokenPublic
 
 __all__ = [
+    "MAX_ATTEMPT_CHANGES",
+    "MAX_ATTEMPT_CHANGES_BYTES",
+    "MAX_EPOCHS",
+    "MAX_EPOCH_SAMPLES",
     "MAX_INT",
     "MAX_MIXTURE_WINDOWS",
     "MAX_PRESIGN_KEYS",
+    "MAX_SCHEDULE_PHASES",
+    "MAX_SCHEDULE_PIECES",
     "MAX_SHARDS_PER_BATCH",
+    "MAX_STEPS",
+    "MAX_TOKENS",
     "NAME_PATTERN",
     "AttemptCreate",
     "AttemptPublic",
@@ -73,6 +99,7 @@ __all__ = [
     "ErrorResponse",
     "FieldLimits",
     "Health",
+    "InputFigures",
     "InputStatsReport",
     "MixtureWindow",
     "Page",
@@ -100,6 +127,7 @@ __all__ = [
     "VersionUpdate",
     "check_json_document",
     "check_name",
+    "check_plan_bounds",
     "check_shard_key",
     "field_limits",
     "phase_end_text",

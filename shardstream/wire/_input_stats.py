@@ -3,6 +3,13 @@
 A fixed set of numbers (a few hundred bytes as JSON), so a commit stays small whatever the
 job: the client's :mod:`shardstream.client.batches.input_stats` measures them since the rank's
 previous commit; the server keeps each rank's latest and their totals per run.
+
+Two sets of bounds: a rank's totals (:class:`InputFigures`) stay within what every
+database and JSON reader holds exactly (counts up to 2**62, seconds up to 1e12), and one
+commit's window (:class:`InputStatsReport`) within far less (counts up to 2**53, seconds
+up to 1e9, about 31 years), so no window is refused for a real job while a figure past
+them is a 422 naming it; the server saturates the totals at their bounds
+(:func:`saturated`), so a run's views never break on a sum.
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ._fields import MAX_INT, Count, PublicModel, StrictModel
 
@@ -41,12 +48,41 @@ def percentiles(counts: Sequence[int], qs: Sequence[float] = (0.5, 0.95, 0.99)) 
 
 MAX_WORLD_SIZE = 1 << 20
 
-Seconds = Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)]
+MAX_TOTAL_S = 1e12
+"""The most seconds a figure holds (a rank's total saturates there)."""
+MAX_WINDOW_S = 1e9
+"""The most seconds one commit's window may report for a figure."""
+MAX_WINDOW_COUNT = 2**53
+"""The most one commit's window may report for a count (exact as a JSON number)."""
+
+Seconds = Annotated[float, Field(ge=0, le=MAX_TOTAL_S, allow_inf_nan=False)]
 VerdictName = Literal["unknown", "not_input_bound", "io_bound", "cpu_bound"]
 
+COUNTS = (
+    "batches",
+    "storage_requests",
+    "storage_bytes",
+    "throttled",
+    "retries",
+    "peer_bytes",
+    "cache_hits",
+    "cache_misses",
+    "packed_tokens",
+    "truncated_tokens",
+)
+"""The counts a window adds to a rank's totals."""
+SECONDS = ("data_wait_s", "step_s", "first_batch_s", "build_s", "build_cpu_s")
+"""The times a window adds to a rank's totals."""
 
-class InputStatsReport(StrictModel):
-    """One rank's input figures over the window since its previous commit."""
+
+def saturated(name: str, value: float) -> float:
+    """``value`` of figure ``name`` held to its total's bound (sums stop there)."""
+    return min(value, MAX_TOTAL_S) if name in SECONDS else min(int(value), MAX_INT)
+
+
+class InputFigures(PublicModel):
+    """One rank's input figures: a commit's window, or the rank's totals since it first
+    reported (bounded as totals; see the module doc)."""
 
     rank: Annotated[int, Field(ge=0, lt=MAX_WORLD_SIZE)]
     world_size: Annotated[int, Field(ge=1, le=MAX_WORLD_SIZE)]
@@ -65,11 +101,53 @@ class InputStatsReport(StrictModel):
     peer_bytes: Count = 0
     cache_hits: Count = 0
     cache_misses: Count = 0
+    packed_tokens: Count = 0
+    """Document tokens read-time packing placed in rows."""
+    truncated_tokens: Count = 0
+    """Document tokens read-time packing cut (fixed rows that did not hold them)."""
     build_s: Seconds = 0.0
     build_cpu_s: Seconds = 0.0
     ring_occupancy: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
     workers: Annotated[int, Field(ge=0, le=4096)] = 0
     verdict: VerdictName = "unknown"
+
+
+class InputStatsReport(InputFigures):
+    """One rank's input figures over the window since its previous commit, as sent: a
+    request (unknown fields refused), each figure within one window's bounds."""
+
+    model_config = StrictModel.model_config
+
+    @field_validator(*COUNTS)
+    @classmethod
+    def _one_window_count(cls, value: int) -> int:
+        if value > MAX_WINDOW_COUNT:
+            raise ValueError(
+                f"{value} is more than one commit's window can count (at most "
+                f"{MAX_WINDOW_COUNT}, 2**53)"
+            )
+        return value
+
+    @field_validator(*SECONDS)
+    @classmethod
+    def _one_window_seconds(cls, value: float) -> float:
+        if value > MAX_WINDOW_S:
+            raise ValueError(
+                f"{value:g} s is more than one commit's window can last (at most "
+                f"{MAX_WINDOW_S:g} s)"
+            )
+        return value
+
+    @field_validator("latency_counts")
+    @classmethod
+    def _one_window_latencies(cls, value: list[int]) -> list[int]:
+        for i, n in enumerate(value):
+            if n > MAX_WINDOW_COUNT:
+                raise ValueError(
+                    f"bucket {i}: {n} batches is more than one commit's window can count "
+                    f"(at most {MAX_WINDOW_COUNT}, 2**53)"
+                )
+        return value
 
 
 MAX_HISTORY = 32
@@ -87,8 +165,8 @@ class RankInputStats(PublicModel):
     step: int
     verdict: str
     wait_share: float
-    latest: InputStatsReport
-    total: InputStatsReport
+    latest: InputFigures
+    total: InputFigures
     history: list[tuple[int, float]]
     updated_at: datetime
 

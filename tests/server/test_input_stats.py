@@ -21,7 +21,13 @@ from shardstream.cli import main
 from shardstream.server.config import Settings
 from shardstream.server.data import input_stats as input_stats_data
 from shardstream.wire import InputStatsReport
-from shardstream.wire._input_stats import DEFAULT_RANKS, MAX_RANKS
+from shardstream.wire._input_stats import (
+    COUNTS,
+    DEFAULT_RANKS,
+    MAX_RANKS,
+    MAX_WINDOW_COUNT,
+    MAX_WINDOW_S,
+)
 from tests.fixtures.server import LiveServer
 from tests.server.conftest import ADMIN
 from tests.server.test_console import sign_in
@@ -111,14 +117,13 @@ def test_a_commit_with_stats_stays_far_within_the_body_limit(
     largest = report(
         (1 << 20) - 1,
         1 << 20,
-        1e12,
-        1e12,
-        **{name: 2**62 for name in ("storage_requests", "storage_bytes", "throttled")},
-        **{name: 2**62 for name in ("retries", "peer_bytes", "cache_hits", "cache_misses")},
-        latency_counts=[2**62] * 10,
-        first_batch_s=1e12,
-        build_s=1e12,
-        build_cpu_s=1e12,
+        MAX_WINDOW_S,
+        MAX_WINDOW_S,
+        **{name: MAX_WINDOW_COUNT for name in COUNTS},
+        latency_counts=[MAX_WINDOW_COUNT] * 10,
+        first_batch_s=MAX_WINDOW_S,
+        build_s=MAX_WINDOW_S,
+        build_cpu_s=MAX_WINDOW_S,
         ring_occupancy=0.123456,
         workers=4096,
     )
@@ -309,3 +314,67 @@ def test_the_grafana_dashboard_queries_metrics_the_server_exports(
     ]
     used = {name for q in queries for name in re.findall(r"shardstream_\w+", q)}
     assert used and used <= exported, used - exported
+
+
+def test_figures_past_one_windows_bounds_are_422_naming_the_field(
+    api: TestClient, tmp_path: Path
+) -> None:
+    run = _run(api, tmp_path)["id"]
+    for bad, field in (
+        ({"data_wait_s": 9e11}, "data_wait_s"),
+        ({"first_batch_s": 2e9}, "first_batch_s"),
+        ({"storage_bytes": 2**62}, "storage_bytes"),
+        ({"batches": 2**62}, "batches"),
+        ({"truncated_tokens": 2**60}, "truncated_tokens"),
+        ({"latency_counts": [2**60] + [0] * 9}, "latency_counts"),
+    ):
+        r = commit(api, run, 5, report(0, 4, 1.0, 1.0, **bad))
+        assert r.status_code == 422, (bad, r.text)
+        assert field in r.json()["detail"] and "window" in r.json()["detail"], r.text
+    assert api.get(f"/v1/runs/{run}/input-stats").json()["ranks"] == []
+
+
+def test_totals_saturate_and_every_view_still_answers(
+    api: TestClient, app: FastAPI, tmp_path: Path
+) -> None:
+    """Commits of the largest windows, many times over: the totals stop at their bounds
+    and the run's views (input figures, mixture, runs list, metrics) answer 200."""
+    run = _run(api, tmp_path)["id"]
+    big = 2**53
+    window = report(
+        0, 1, 1e9, 1e9, batches=big, storage_bytes=big, latency_counts=[big] * 10,
+    )  # fmt: skip
+    for step in (1, 2):
+        assert commit(api, run, step, window).status_code == 201
+    # 1,100 windows of 1e9 s and 2**53 (past both bounds), stored as the commits would.
+    with app.state.sessionmaker.begin() as session:
+        for step in range(3, 1100):
+            input_stats_data.record(session, run, step, InputStatsReport.model_validate(window))
+    assert commit(api, run, 1100, window).status_code == 201
+    got = api.get(f"/v1/runs/{run}/input-stats")
+    assert got.status_code == 200, got.text
+    total = got.json()["ranks"][0]["total"]
+    assert total["data_wait_s"] == 1e12 and total["step_s"] == 1e12
+    assert total["batches"] == 2**62 and total["storage_bytes"] == 2**62
+    assert total["latency_counts"] == [2**62] * 10
+    assert got.json()["wait_share"] == 0.5
+    for path in (f"/v1/runs/{run}/mixture", f"/v1/runs/{run}", "/v1/runs", "/metrics"):
+        assert api.get(path).status_code == 200, path
+
+
+def test_rows_summed_before_totals_saturated_are_read_within_bounds(
+    api: TestClient, app: FastAPI, tmp_path: Path
+) -> None:
+    """What an earlier server stored (sums past the bounds) is shown held to them."""
+    run = _run(api, tmp_path)["id"]
+    assert commit(api, run, 1, report(0, 1, 1.0, 1.0)).status_code == 201
+    from shardstream.server.models import RankInputStatsRow
+
+    with app.state.sessionmaker.begin() as session:
+        row = session.get(RankInputStatsRow, (run, 0))
+        assert row is not None
+        row.total = {**row.total, "data_wait_s": 1.8e12, "storage_bytes": 2**63 - 1}
+    got = api.get(f"/v1/runs/{run}/input-stats")
+    assert got.status_code == 200, got.text
+    total = got.json()["ranks"][0]["total"]
+    assert total["data_wait_s"] == 1e12 and total["storage_bytes"] == 2**62
