@@ -318,6 +318,7 @@ def audit(session: Session, run_id: int) -> dict[str, Any]:
                 )
             )
     _finish_epochs(epochs, prev)
+    _check_refused_models(attempts, fail)
     if commits == 0:
         fail(f"run {run_id} has no checkpoints: there is no history to prove")
     changes = [
@@ -347,6 +348,27 @@ def audit(session: Session, run_id: int) -> dict[str, Any]:
         ],
         "plan_changes": changes,
     }
+
+
+def _check_refused_models(attempts: dict[int, RunAttemptRow], fail: Any) -> None:
+    """A start that resumed from a step an earlier start trained to but whose commit
+    there was refused: that start's trainer may have saved its model of the step before
+    the refusal (trained on other data than the checkpoint's history), and the restart
+    may have loaded it. The ledger cannot tell which model it loaded: not proven."""
+    refused: dict[int, list[int]] = {}  # step -> attempts whose commit of it was refused
+    for attempt in attempts.values():  # in order of registration
+        step = attempt.resumed_step
+        if step is not None:
+            for earlier in refused.get(step, []):
+                fail(
+                    f"attempt {attempt.number} resumed from step {step}, which attempt "
+                    f"{earlier} also trained to, but the server refused attempt {earlier}'s "
+                    f"commit of it: its model of step {step} may be the one attempt "
+                    f"{attempt.number} restored (trained on other data than checkpoint "
+                    f"{step}'s); resume from a step whose model is known to be right"
+                )
+        for point in attempt.refused or []:
+            refused.setdefault(int(point[0]), []).append(attempt.number)
 
 
 def _versions(point: _Point) -> list[str]:

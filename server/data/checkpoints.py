@@ -48,15 +48,21 @@ def _same_state(row: CheckpointRow, body: CheckpointCreate) -> bool:
     )
 
 
-def _check_attempt(session: Session, run_id: int, body: CheckpointCreate) -> None:
-    """409 unless ``body.attempt`` is registered, the run's newest attempt, and resumed
-    before ``body.step``."""
+def _check_attempt(session: Session, run_id: int, body: CheckpointCreate) -> RunAttemptRow:
+    """``body.attempt``'s row; 409 unless it is registered, its ranks agree, it is the run's
+    newest attempt, and it resumed before ``body.step``."""
     assert body.attempt is not None
     attempt = attempts_data.get(session, run_id, body.attempt)
     if attempt is None:
         raise ConflictError(
             f"run {run_id} has no attempt {body.attempt}: register the attempt before "
             "committing (the client does when its loader starts)",
+            409,
+        )
+    if attempt.disputed is not None:
+        raise ConflictError(
+            f"run {run_id} attempt {body.attempt}: its ranks disagree on where they resume, "
+            f"so none of its commits is accepted ({attempt.disputed})",
             409,
         )
     newest = session.scalar(
@@ -77,6 +83,62 @@ def _check_attempt(session: Session, run_id: int, body: CheckpointCreate) -> Non
             "of the model checkpoint the trainer restored)",
             409,
         )
+    return attempt
+
+
+def _rate(session: Session, run_id: int, attempt: RunAttemptRow) -> int | None:
+    """Samples per training step of the history ``attempt`` resumed, from its resume
+    checkpoint and the live one before it in the same epoch (or, in epoch 0, from the
+    run's start); None when they do not tell."""
+    assert attempt.resumed_step is not None
+    before = session.scalars(
+        select(CheckpointRow)
+        .where(
+            CheckpointRow.run_id == run_id,
+            CheckpointRow.superseded_by.is_(None),
+            CheckpointRow.step < attempt.resumed_step,
+            CheckpointRow.epoch == attempt.start_epoch,
+        )
+        .order_by(CheckpointRow.step.desc())
+        .limit(1)
+    ).first()
+    if before is not None:
+        samples, steps = (
+            attempt.start_sample - before.sample_in_epoch,
+            attempt.resumed_step - before.step,
+        )
+    elif attempt.start_epoch == 0:
+        samples, steps = attempt.start_sample, attempt.resumed_step
+    else:
+        return None
+    return samples // steps if steps > 0 and samples > 0 and samples % steps == 0 else None
+
+
+def _check_pace(
+    session: Session, run_id: int, attempt: RunAttemptRow, body: CheckpointCreate
+) -> None:
+    """409 when the data advanced since the attempt's resume point by another number of
+    samples than its steps make at the run's rate (a model restored at one step beside a
+    loader at another): the audit's own finding, at the commit that is wrong. Within the
+    epoch the attempt resumed in (later epochs are left to the audit, which recomputes
+    epoch sizes)."""
+    if attempt.resumed_step is None or body.epoch != attempt.start_epoch:
+        return
+    rate = _rate(session, run_id, attempt)
+    if rate is None:
+        return
+    got = body.sample_in_epoch - attempt.start_sample
+    expected = rate * (body.step - attempt.resumed_step)
+    if got != expected:
+        raise ConflictError(
+            f"run {run_id}: steps {attempt.resumed_step} -> {body.step} (attempt "
+            f"{attempt.number} resumed): the data advanced {got} samples where the run's "
+            f"{rate} per step make {expected}: "
+            + ("batches skipped" if got > expected else "batches read again")
+            + " against the model's steps (a model step restored without its loader "
+            "state?); restore the model and the loader from one step (resume=STEP)",
+            409,
+        )
 
 
 def commit(
@@ -92,30 +154,37 @@ def commit(
     all its datasets, may commit (403), replays included.
 
     With ``attempt`` (the ledger, :mod:`.attempts`), the commit is tied to that attempt,
-    which must be registered, and its step must come after the step the attempt resumed
-    from (a trainer whose model step is behind the loader's position is refused). A step
-    a rollback abandoned (``superseded_by``) is replaced by the new attempt's commit.
+    which is checked first, replays included (an old job still running behind its
+    restart is refused even where its state equals the stored one): it must be
+    registered, undisputed and the run's newest, its step must come after the step the
+    attempt resumed from, and its position must have advanced from there at the run's
+    rate. The attempt's first commit applies its rollback (:func:`.attempts.apply_rollback`);
+    a step a rollback abandoned (``superseded_by``) is replaced by the new attempt's commit.
     """
+    run = runs_data.get(session, run_id)
+    runs_data.require_writable(session, who, run)
+    attempt = None if body.attempt is None else _check_attempt(session, run_id, body)
     existing = session.get(CheckpointRow, (run_id, body.step))
-    if existing is None or existing.superseded_by is not None:
-        run = runs_data.get(session, run_id, lock=True)
-        runs_data.require_writable(session, who, run)
-        existing = session.get(CheckpointRow, (run_id, body.step))  # committed meanwhile?
-    else:
-        runs_data.require_writable(session, who, runs_data.get(session, run_id))
+    pending = attempt is not None and attempts_data.rollback_pending(session, run, attempt)
+    live = existing is not None and existing.superseded_by is None
+    if live and not pending and existing is not None and _same_state(existing, body):
+        return to_public(existing), CommitResult.unchanged
+    session.refresh(run, with_for_update=True)  # serialize the run's new steps
+    if body.attempt is not None:
+        attempt = _check_attempt(session, run_id, body)  # again, under the lock
+        if attempts_data.rollback_pending(session, run, attempt):
+            attempts_data.apply_rollback(session, run, attempt)
+        _check_pace(session, run_id, attempt, body)
+    existing = session.get(CheckpointRow, (run_id, body.step), populate_existing=True)
     if existing is not None and existing.superseded_by is None:
         if _same_state(existing, body):
             return to_public(existing), CommitResult.unchanged
-        if body.attempt is not None:  # the more precise reason first
-            _check_attempt(session, run_id, body)
         raise ConflictError(
             f"run {run_id} already has a checkpoint at step {body.step} with another state "
             f"(epoch {existing.epoch}, sample_in_epoch {existing.sample_in_epoch}); a step's "
             "state cannot change",
             409,
         )
-    if body.attempt is not None:
-        _check_attempt(session, run_id, body)
     if run.latest_step is not None and body.step < run.latest_step:
         raise ConflictError(
             f"step {body.step} is lower than run {run_id}'s latest committed step "
@@ -144,6 +213,15 @@ def commit(
     run.updated_at = now
     session.flush()
     return to_public(row), CommitResult.created
+
+
+def record_refused(session: Session, run_id: int, body: CheckpointCreate) -> None:
+    """Keep a refused commit in its attempt's ledger (call after rolling back the refused
+    request's transaction): a trainer may have saved its model at that step all the same,
+    and a later start resuming there is flagged by the audit."""
+    if body.attempt is not None:
+        point = [body.step, body.epoch, body.sample_in_epoch]
+        attempts_data.record_refused(session, run_id, body.attempt, point)
 
 
 def at_step(session: Session, run_id: int, step: int) -> CheckpointPublic:

@@ -70,6 +70,7 @@ class RunPublic(PublicModel):
 
 
 AttemptNumber = Annotated[int, Field(ge=1, le=2**31 - 1)]
+VersionId = Annotated[str, Field(min_length=1, max_length=200)]
 AttemptKey = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$")]
 
 
@@ -114,7 +115,9 @@ class AttemptCreate(StrictModel):
 
     ``key`` is the same on every rank of one start of the job and differs between starts;
     ``resume`` is None for the run's first start; ``changes`` are the plan changes the
-    resume accepted (``ReaderState.changes``).
+    resume accepted (``ReaderState.changes``). ``versions`` (the version ids the loader
+    reads, ``name@N`` for the server's datasets) and ``global_batch_size`` are checked
+    against the run's (None from clients before that check).
     """
 
     key: AttemptKey
@@ -124,6 +127,8 @@ class AttemptCreate(StrictModel):
     algorithm: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
     fingerprint: Annotated[str, Field(max_length=64, pattern=r"^[0-9a-f]*$")] | None = None
     changes: Annotated[list[PlanObject], Field(max_length=64)] = Field(default_factory=list)
+    versions: Annotated[list[VersionId], Field(max_length=256)] | None = None
+    global_batch_size: Annotated[int, Field(ge=1, le=MAX_INT)] | None = None
 
 
 class AttemptPublic(PublicModel):
@@ -144,3 +149,7 @@ class AttemptPublic(PublicModel):
     changes: list[dict[str, Any]]
     created_by: str
     created_at: datetime
+    disputed: str | None = None
+    """Why its ranks disagreed on where they resume (none of its commits is accepted)."""
+    refused: list[list[int]] | None = None
+    """Its commits the server refused, ``[step, epoch, sample_in_epoch]`` each."""

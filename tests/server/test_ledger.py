@@ -181,20 +181,136 @@ def test_model_step_without_its_loader_state_is_refused(api: TestClient, tmp_pat
     assert _audit(api, run)["ok"]  # nothing wrong was committed
 
 
-def test_a_loader_state_that_skips_is_flagged_by_the_audit(api: TestClient, tmp_path: Path) -> None:
-    """A loader state restored beside the wrong model step, through a client that cannot
-    tell (it resumed by position): the steps go on, the data jumped; the audit sees it."""
+def _attempts(api: TestClient, run: int) -> list[dict[str, Any]]:
+    body = api.get(f"/v1/runs/{run}/attempts").json()
+    items: list[dict[str, Any]] = body["items"] if isinstance(body, dict) else body
+    return items
+
+
+def test_a_loader_behind_the_model_is_refused_at_its_first_commit(
+    api: TestClient, tmp_path: Path
+) -> None:
+    """The model restored at step 5, the loader resumed by position at step 2's state: the
+    first commit is refused with the audit's own finding; the refusal is in the ledger,
+    and nothing of the refused start (its rollback included) happened."""
     run = _run(api, tmp_path)
     assert _attempt(api, run, "a").status_code == 201
     for step in range(1, 6):
         assert _commit(api, run, step, 1).status_code == 201
-    assert _attempt(api, run, "b", at=2).status_code == 201  # rollback by position: step 2
-    # ...but the trainer is at step 5 and commits 6, 7 with the loader two steps behind
-    assert _commit(api, run, 6, 2, at=3).status_code == 201
-    assert _commit(api, run, 7, 2, at=4).status_code == 201
+    assert _attempt(api, run, "b", at=2).status_code == 201  # resumed by position: step 2
+    behind = _commit(api, run, 6, 2, at=3)  # the trainer at 5 + 1, the data at 2 + 1
+    assert behind.status_code == 409, behind.text
+    assert (
+        "steps 2 -> 6 (attempt 2 resumed): the data advanced 2 samples where the run's 2 "
+        "per step make 8: batches read again" in behind.json()["detail"]
+    )
+    assert api.get(f"/v1/runs/{run}/checkpoints/5").status_code == 200  # no rollback
+    assert _attempts(api, run)[1]["refused"] == [[6, 0, 6]]
+    # past the epoch it resumed in the server cannot tell at the commit; the audit can
+    assert _attempt(api, run, "c", step=5).status_code == 201
+    assert _commit(api, run, 7, 3, at=9).status_code == 201  # two steps, four batches
     report = _audit(api, run)
     assert not report["ok"]
-    assert any("steps 2 -> 6" in f and "read again" in f for f in report["failures"]), report
+    assert any("steps 5 -> 7" in f and "batches skipped" in f for f in report["failures"]), report
+
+
+def test_a_stale_rank_registering_first_abandons_nothing(api: TestClient, tmp_path: Path) -> None:
+    """Ranks 0 and 1 resume at step 4, rank 2 from a stale state of step 2, under one
+    key: whoever registers first, the start's ranks disagree, none of its commits is
+    accepted, and the run's checkpoints stay (a rollback waits for the first commit)."""
+    run = _run(api, tmp_path)
+    assert _attempt(api, run, "a").status_code == 201
+    for step in range(1, 5):
+        assert _commit(api, run, step, 1).status_code == 201
+    stale = _attempt(api, run, "b", step=2)  # rank 2 first
+    assert stale.status_code == 201 and stale.json()["rolled_back_from"] is None
+    assert api.get(f"/v1/runs/{run}/checkpoints/4").status_code == 200
+    good = _attempt(api, run, "b", step=4)  # ranks 0 and 1
+    assert good.status_code == 409 and "mixed up" in good.json()["detail"]
+    assert _commit(api, run, 3, 2).status_code == 409  # rank 2 trains alone: refused
+    assert api.get(f"/v1/runs/{run}/checkpoints/4").status_code == 200
+    assert api.get(f"/v1/runs/{run}/checkpoints/latest").json()["step"] == 4
+    disputed = _attempts(api, run)[1]
+    assert "position" in disputed["disputed"] and disputed["rolled_back_from"] is None
+    # the job started again, every rank at step 4 (the same launcher ids: the same key)
+    again = _attempt(api, run, "b", step=4)
+    assert again.status_code == 201 and again.json()["number"] == 3
+    assert _attempt(api, run, "b", step=4).json()["number"] == 3  # its other ranks join
+    assert _commit(api, run, 5, 3).status_code == 201
+    report = _audit(api, run)
+    assert report["ok"], report["failures"]
+
+    # rank 2 registering last: refused before its first batch, and its start's commits too
+    assert _attempt(api, run, "d", step=5).status_code == 201
+    late = _attempt(api, run, "d", step=4)
+    assert late.status_code == 409
+    refused = _commit(api, run, 6, 4)
+    assert refused.status_code == 409 and "ranks disagree" in refused.json()["detail"]
+
+
+def test_a_launcher_reusing_its_ids_is_a_new_start_once_the_old_one_committed(
+    api: TestClient, tmp_path: Path
+) -> None:
+    """``torchrun`` started twice by hand gives both starts the same ids: the second is
+    a new attempt, not a rank of the first that disagrees."""
+    run = _run(api, tmp_path)
+    assert _attempt(api, run, "job-x").status_code == 201
+    for step in range(1, 4):
+        assert _commit(api, run, step, 1).status_code == 201
+    second = _attempt(api, run, "job-x", step=3)
+    assert second.status_code == 201, second.text
+    assert second.json()["number"] == 2 and second.json()["resumed_step"] == 3
+    assert _commit(api, run, 4, 2).status_code == 201
+    assert _audit(api, run)["ok"]
+
+
+def test_an_old_job_replaying_a_step_is_refused(api: TestClient, tmp_path: Path) -> None:
+    """A commit of an earlier start is refused even where its state equals the stored one
+    (the replay shortcut answered ``200 unchanged`` before checking the attempt)."""
+    run = _run(api, tmp_path)
+    assert _attempt(api, run, "a").status_code == 201
+    for step in range(1, 5):
+        assert _commit(api, run, step, 1).status_code == 201
+    assert _attempt(api, run, "b", step=4).status_code == 201
+    old = _commit(api, run, 4, 1)
+    assert old.status_code == 409 and "followed by attempt 2" in old.json()["detail"]
+
+
+def test_a_loader_of_other_data_than_the_run_is_refused(api: TestClient, tmp_path: Path) -> None:
+    run = _run(api, tmp_path)
+    make_published(api, "b", tmp_path / "b", shards=4)
+    batch = _attempt(api, run, "a", global_batch_size=4, versions=["a@1"])
+    assert batch.status_code == 409
+    assert "global_batch_size is 4" in batch.json()["detail"]
+    assert "global batches of 2" in batch.json()["detail"]
+    other = _attempt(api, run, "a", global_batch_size=GBS, versions=["b@1"])
+    assert other.status_code == 409
+    assert "reads ['a@1'], but this loader reads ['b@1'] (versions)" in other.json()["detail"]
+    assert _attempts(api, run) == []
+    # a local index.json has no name on the server: the audit judges it
+    local = _attempt(api, run, "a", global_batch_size=GBS, versions=["9f" * 8])
+    assert local.status_code == 201, local.text
+
+
+def test_a_start_resuming_where_a_refused_start_saved_is_not_proven(
+    api: TestClient, tmp_path: Path
+) -> None:
+    """The model of step 2 restored beside the loader's 'latest' (step 4): its commit of
+    step 4 is refused, but its trainer saved a model of step 4 first; a restart at step 4
+    may load that model: the audit must not prove that history."""
+    run = _run(api, tmp_path)
+    assert _attempt(api, run, "a").status_code == 201
+    for step in range(1, 5):
+        assert _commit(api, run, step, 1).status_code == 201
+    assert _attempt(api, run, "b", step=4).status_code == 201  # resume="latest"
+    assert _commit(api, run, 4, 2, at=6).status_code == 409  # steps 3, 4 of the model
+    assert _attempt(api, run, "c", step=4).status_code == 201
+    assert _commit(api, run, 5, 3).status_code == 201
+    report = _audit(api, run)
+    assert not report["ok"]
+    assert any(
+        "attempt 3 resumed from step 4" in f and "attempt 2" in f for f in report["failures"]
+    ), report
 
 
 def test_rollback_is_allowed_and_recorded(api: TestClient, tmp_path: Path) -> None:
@@ -204,16 +320,19 @@ def test_rollback_is_allowed_and_recorded(api: TestClient, tmp_path: Path) -> No
         assert _commit(api, run, step, 1).status_code == 201
     back = _attempt(api, run, "b", world=2, step=2)
     assert back.status_code == 201
-    assert back.json()["rolled_back_from"] == 5
+    assert back.json()["rolled_back_from"] is None  # applied by its first commit
     url = f"/v1/runs/{run}/checkpoints"
-    assert api.get(f"{url}/latest").json()["step"] == 2
-    gone = api.get(f"{url}/4")
-    assert gone.status_code == 404 and "rollback" in gone.json()["detail"]
+    assert api.get(f"{url}/latest").json()["step"] == 5
     # the earlier start may not commit any more
     stale = _commit(api, run, 6, 1)
     assert stale.status_code == 409 and "followed by attempt 2" in stale.json()["detail"]
     # the rollback re-trains steps 3.. (the same data here; a changed state would do too)
-    for step in range(3, 8):
+    assert _commit(api, run, 3, 2).status_code == 201
+    assert _attempts(api, run)[1]["rolled_back_from"] == 5
+    assert api.get(f"{url}/latest").json()["step"] == 3
+    gone = api.get(f"{url}/5")
+    assert gone.status_code == 404 and "rollback" in gone.json()["detail"]
+    for step in range(4, 8):
         assert _commit(api, run, step, 2).status_code == 201
     assert api.get(f"{url}/4").json()["attempt"] == 2
     report = _audit(api, run)

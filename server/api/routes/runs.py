@@ -96,6 +96,9 @@ def commit_checkpoint(
         checkpoint, result = checkpoints_data.commit(session, run_id, body, who=who)
     except ConflictError:
         metric.labels("conflict").inc()
+        session.rollback()  # nothing of the refused commit, but the refusal, is kept
+        checkpoints_data.record_refused(session, run_id, body)
+        session.commit()
         raise
     metric.labels(result.value).inc()
     if result is checkpoints_data.CommitResult.created:  # a new position: its windows
@@ -141,8 +144,16 @@ def register_attempt(
     """Register one start of the run (every rank sends the same ``key``: 201 for the first,
     200 for the others): its topology and the checkpoint it resumes. 409 when the resume
     point is no checkpoint of the run (naming the nearest steps), when the trainer's step
-    and the loader's position disagree, or when ranks of one start disagree."""
-    attempt, created = attempts_data.register(session, run_id, body, who=who)
+    and the loader's position disagree, when the loader reads other versions or global
+    batches than the run, or when ranks of one start disagree (the attempt is then marked
+    disputed: none of its commits is accepted)."""
+    try:
+        attempt, created = attempts_data.register(session, run_id, body, who=who)
+    except attempts_data.DisputedError as exc:
+        session.rollback()  # the refused registration leaves nothing but the dispute
+        attempts_data.mark_disputed(session, run_id, exc.number, str(exc))
+        session.commit()
+        raise
     if not created:
         response.status_code = status.HTTP_200_OK
     return attempt
