@@ -69,10 +69,10 @@ def epoch_segments(
     >>> epoch_segments(s, 1, 10)
     [(0, 5, (1.0, 0.0)), (5, 10, (0.0, 1.0))]
     """
-    return _segments(schedule.pieces(), epoch, num_batches)
+    return segments_of(schedule.pieces(), epoch, num_batches)
 
 
-def _segments(
+def segments_of(
     pieces: Sequence[tuple[int, tuple[float, ...]]], epoch: int, num_batches: int
 ) -> list[tuple[int, int, tuple[float, ...]]]:
     """:func:`epoch_segments` over pieces already made (O(segments of the epoch))."""
@@ -114,7 +114,7 @@ def earlier_totals(
     out: list[list[tuple[int, int]]] = [[] for _ in range(num_sources)]
     cut = sorted({start // n for start, _ in pieces[1:] if start % n and start // n < epoch})
     for e in cut:
-        counts = segment_counts(_segments(pieces, e, n), num_samples, batch)
+        counts = segment_counts(segments_of(pieces, e, n), num_samples, batch)
         for s in range(num_sources):
             out[s].append((sum(row[s] for row in counts), 1))
     for i, (start, weights) in enumerate(pieces):
@@ -202,7 +202,7 @@ class ScheduledPlan:
                 f"(PlanConfig.global_batch_size={b}); lower the batch size or use tail='pad'"
             )
         pieces = schedule.pieces()
-        segs = _segments(pieces, self.epoch, self.num_batches)
+        segs = segments_of(pieces, self.epoch, self.num_batches)
         self.segment_starts: I64 = np.array([a for a, _, _ in segs], dtype=np.int64)
         self.segment_weights = [w for _, _, w in segs]
         self.segment_counts: I64 = np.array(

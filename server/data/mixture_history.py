@@ -31,18 +31,18 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from shardstream.client.plan._scheduled import split_by_weights
+from shardstream.client.plan._scheduled import segment_counts, segments_of, split_by_weights
 from shardstream.client.plan._weights import MixtureSchedule
-from shardstream.errors import PlanError
+from shardstream.errors import PlanError, RequestValidationError
 from shardstream.mds import tokens_per_sample
 from shardstream.server.models import CheckpointRow, RunMixtureRow, RunSourceRow, VersionRow, utcnow
-from shardstream.wire import MixtureWindow, RunMixtureHistory
+from shardstream.wire import MAX_STEPS, MixtureWindow, RunMixtureHistory
 from shardstream.wire._mixture import MAX_MIXTURE_WINDOWS
 
 from . import runs as runs_data
@@ -71,6 +71,7 @@ class MixturePlan:
     phase_tokens: tuple[int | None, ...] = ()
     """Per phase of such a schedule, its ``until_tokens`` (``schedule`` holds the steps
     they become); empty for a schedule in steps."""
+    _memo: dict[tuple[Any, ...], list[int]] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(
@@ -148,43 +149,87 @@ class MixturePlan:
         return [round(v / (hi - lo), 6) for v in out] if hi > lo else out
 
     def counts(self, lo: int, hi: int) -> list[int]:
-        """Samples each source gave over global steps ``[lo, hi)``: whole segments
-        exactly, a cut segment in proportion (as the plan's arithmetic splits them)."""
-        out = [0] * self.schedule.num_sources
+        """Samples each source gave over global steps ``[lo, hi)``: the difference of the
+        cumulative counts at ``hi`` and ``lo`` (:meth:`cumulative`), so they add up to
+        ``(hi - lo) x global batch`` exactly, whatever the windows."""
+        if hi <= lo:
+            return [0] * self.schedule.num_sources
+        before, upto = self.cumulative(lo), self.cumulative(hi)
+        return [b - a for a, b in zip(before, upto, strict=True)]
+
+    def cumulative(self, step: int) -> list[int]:
+        """Samples each source gave over global steps ``[0, step)`` (``step x`` global batch
+        in all): whole segments exactly as the plan splits them, a segment the step cuts
+        by :func:`_within` (monotone, so no window is ever negative), only the samples the
+        batches read (an epoch's dropped tail is never counted). O(pieces): the epochs one
+        piece holds whole give the same, and are counted at once."""
         n = self.num_batches
-        epoch = lo // n
-        while epoch * n < hi:
-            first, stop = epoch * n, (epoch + 1) * n
-            i = bisect.bisect_right(self.starts, first) - 1
-            next_start = self.starts[i + 1] if i + 1 < len(self.starts) else None
-            if first >= lo and stop <= hi and (next_start is None or next_start >= stop):
-                # Whole epochs inside one piece: one segment each, counted at once.
-                last = hi // n if next_start is None else min(next_start // n, hi // n)
-                whole = split_by_weights(self.epoch_samples, self.weights[i])
-                for s, c in enumerate(whole):
-                    out[s] += (last - epoch) * c
-                epoch = last
-                continue
-            self._add_epoch(out, epoch, lo, hi)
-            epoch += 1
+        epoch, batch = divmod(step, n)
+        out = [0] * self.schedule.num_sources
+        cut = {start // n for start in self.starts[1:] if start % n and start // n < epoch}
+        for e in cut:
+            _add(out, self._epoch_part(e, n))
+        for i, start in enumerate(self.starts):
+            first = -(-start // n)
+            stop = min(self.starts[i + 1] // n if i + 1 < len(self.starts) else epoch, epoch)
+            if stop > first:
+                _add(out, self._whole_epoch(i), stop - first)
+        if batch:
+            _add(out, self._epoch_part(epoch, batch))
         return out
 
-    def _add_epoch(self, out: list[int], epoch: int, lo: int, hi: int) -> None:
-        first, stop = epoch * self.num_batches, (epoch + 1) * self.num_batches
-        i = bisect.bisect_right(self.starts, first) - 1
-        segments = []
-        while i < len(self.starts) and self.starts[i] < stop:
-            end = self.starts[i + 1] if i + 1 < len(self.starts) else stop
-            segments.append((max(self.starts[i], first) - first, min(end, stop) - first, i))
-            i += 1
-        for k, (a, z, piece) in enumerate(segments):
-            last = k + 1 == len(segments)
-            items = self.epoch_samples - a * self.batch if last else (z - a) * self.batch
-            done = max(0, min(z, hi - first) - max(a, lo - first))
-            if not done:
-                continue
-            for s, c in enumerate(split_by_weights(items, self.weights[piece])):
-                out[s] += c if done == z - a else c * done // (z - a)
+    def _whole_epoch(self, piece: int) -> list[int]:
+        """What an epoch inside piece ``piece`` reads of each source."""
+        key = ("whole", piece)
+        if key not in self._memo:
+            counts = split_by_weights(self.epoch_samples, self.weights[piece])
+            self._memo[key] = _within(self.epoch_samples, counts, self.num_batches * self.batch)
+        return self._memo[key]
+
+    def _epoch_part(self, epoch: int, upto: int) -> list[int]:
+        """What batches ``[0, upto)`` of ``epoch`` read of each source (O(its segments))."""
+        key = ("part", epoch, upto)
+        if key in self._memo:
+            return self._memo[key]
+        pieces = list(zip(self.starts, self.weights, strict=True))
+        segments = segments_of(pieces, epoch, self.num_batches)
+        items = [(z - a) * self.batch for a, z, _ in segments]
+        items[-1] = self.epoch_samples - segments[-1][0] * self.batch
+        out = [0] * self.schedule.num_sources
+        for (a, z, _), size, counts in zip(
+            segments, items, segment_counts(segments, self.epoch_samples, self.batch), strict=True
+        ):
+            done = max(0, min(z, upto) - a)
+            if done:
+                _add(out, _within(size, counts, done * self.batch))
+        if len(self._memo) < 4096:
+            self._memo[key] = out
+        return out
+
+
+def _add(out: list[int], counts: Sequence[int], times: int = 1) -> None:
+    for s, c in enumerate(counts):
+        out[s] += c * times
+
+
+def _within(items: int, counts: Sequence[int], taken: int) -> list[int]:
+    """Each source's part of the first ``taken`` of a segment's ``items`` (``counts`` per
+    source). Inside a segment the plan mixes its sources evenly; which exact samples the
+    first batches hold is the plan's permutation, so the split is the proportional one,
+    made by sequential floors: the first source takes ``floor(x c_0 / I)``, the next its
+    part of what is left, and so on. Every part grows by 0 or 1 per sample taken (windows
+    are never negative), they add up to ``taken`` exactly, and ``taken = items`` gives
+    ``counts``. Past ``items`` (``tail="pad"``) the segment wraps around to its start."""
+    if items <= 0:
+        return [0] * len(counts)
+    rounds, taken = divmod(taken, items)
+    out = [rounds * c for c in counts]
+    left_x, left_items = taken, items
+    for s, c in enumerate(counts):
+        take = left_x if s + 1 == len(counts) else (left_x * c // left_items if left_items else 0)
+        out[s] += take
+        left_x, left_items = left_x - take, left_items - c
+    return out
 
 
 def _piece_count(schedule: MixtureSchedule) -> int:
@@ -261,6 +306,12 @@ def record(
     if mixture is None:
         return
     position = mixture.position(epoch, sample_in_epoch)
+    if position > MAX_STEPS:  # versions claiming huge epochs: beyond what any store holds
+        raise RequestValidationError(
+            f"epoch {epoch:,} at {mixture.num_batches:,} global steps an epoch is global "
+            f"step {position:,}, beyond the bound on steps: at most {MAX_STEPS:,}",
+            422,
+        )
     row = session.get(RunMixtureRow, run_id)
     if row is None:
         row = RunMixtureRow(run_id=run_id, width=1, windows=[], updated_at=utcnow())

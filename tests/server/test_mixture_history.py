@@ -292,3 +292,33 @@ def test_phase_ends_are_worded_in_steps_or_in_tokens_with_their_step() -> None:
     assert history.phase_end_labels() == ["step 10", "step 1,234"]
     tokens = history.model_copy(update={"phase_end_tokens": [10**6, 2 * 10**6]})
     assert tokens.phase_end_labels() == ["1.0M tokens (step 10)", "2.0M tokens (step 1,234)"]
+
+
+def test_windows_add_up_to_the_steps_read_on_cut_segments_and_tails() -> None:
+    """Issue 35: each window is a difference of cumulative counts, so 1-step windows of a
+    batch of 16 hold 16 samples (not 15 each: 900 of 960 over 60 steps), the run's share
+    stays the schedule's, and an epoch's dropped tail is never counted."""
+    schedule = MixtureSchedule([Phase(until=7, weights=(0.725, 0.275)), Phase(weights=(1, 3))])
+    arithmetic = MixturePlan.of(_plan(schedule.to_params(), batch=16, epoch_size=165), 2, 165)
+    assert arithmetic is not None and arithmetic.num_batches == 10  # 5 samples dropped
+    windows = [arithmetic.counts(step, step + 1) for step in range(60)]
+    assert all(sum(w) == 16 and min(w) >= 0 for w in windows), windows
+    assert [sum(col) for col in zip(*windows, strict=True)] == arithmetic.counts(0, 60)
+    assert sum(arithmetic.counts(0, 60)) == 960
+    # The first phase's 7 steps: 72.5 % of 112 samples, within one sample.
+    first = [sum(w[0] for w in windows[:7]), sum(w[1] for w in windows[:7])]
+    assert sum(first) == 112 and abs(first[0] - 0.725 * 112) <= 1
+    # Any cut of the run adds up, in steps of the global batch.
+    for lo, hi in [(0, 10), (3, 17), (9, 11), (10, 20), (5, 59), (0, 10**6)]:
+        assert sum(arithmetic.counts(lo, hi)) == 16 * (hi - lo)
+    assert arithmetic.cumulative(10) == arithmetic.counts(0, 10)
+
+
+def test_a_padded_tail_counts_the_samples_read_again() -> None:
+    schedule = MixtureSchedule([Phase(until=3, weights=(1, 1)), Phase(weights=(1, 3))])
+    params = {"global_batch_size": 4, "tail": "pad", "epoch_size": 18, "schedule": None}
+    params["schedule"] = schedule.to_params()
+    arithmetic = MixturePlan.of({"plan": params}, 2, 18)
+    assert arithmetic is not None and arithmetic.num_batches == 5  # 2 samples padded
+    windows = [arithmetic.counts(s, s + 1) for s in range(15)]
+    assert all(sum(w) == 4 and min(w) >= 0 for w in windows)

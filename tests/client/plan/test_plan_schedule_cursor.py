@@ -13,9 +13,9 @@ import numpy as np
 from shardstream.client.plan import MixtureSchedule, Phase, PlanConfig, ScheduledPlan, SourceSpec
 from shardstream.client.plan._fingerprint import plan_fingerprint
 from shardstream.client.plan._scheduled import (
-    _segments,
     earlier_totals,
     segment_counts,
+    segments_of,
 )
 
 BATCH = 10
@@ -50,7 +50,7 @@ def _brute_force(pieces: Any, epoch: int, n: int, m: int) -> list[list[int]]:
     """Per source, the totals of epochs 0 .. epoch-1, one epoch at a time."""
     out: list[list[int]] = [[], []]
     for e in range(epoch):
-        counts = segment_counts(_segments(pieces, e, n), m, BATCH)
+        counts = segment_counts(segments_of(pieces, e, n), m, BATCH)
         for s in range(2):
             out[s].append(sum(row[s] for row in counts))
     return out
