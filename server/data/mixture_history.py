@@ -8,9 +8,11 @@ rule, the epoch size). The plan is a pure function of those: which source each s
 a global step comes from is fixed by the plan's arithmetic
 (:mod:`shardstream.client.plan._scheduled`), and the audit proves the run consumed the
 plan's batches in order. So the samples a source gave over steps ``[a, b)`` are counted
-here from the plan, with no extra figures from the client: each segment (a constant
-piece of the schedule within an epoch) whole segments exactly, a segment the window cuts
-in proportion (inside a segment the plan mixes its sources evenly). Tokens are samples
+here from the plan, with no extra figures from the client, as differences of cumulative
+counts (:meth:`MixturePlan.cumulative`): whole segments (constant pieces of the schedule
+within an epoch) exactly, a segment a window cuts in proportion (inside a segment the plan
+mixes its sources evenly), only the samples batches read (never an epoch's dropped tail),
+so the windows add up to steps x global batch exactly. Tokens are samples
 times the source's tokens per sample, known when its version's token column has a fixed
 shape (``ndarray:<dtype>:<seq_len>``, what ``build text`` writes; the rule is
 :func:`shardstream.mds.tokens_per_sample`, the one the client's schedules in tokens read);
