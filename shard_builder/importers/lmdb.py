@@ -16,7 +16,6 @@ naming the file and the page, never a worker killed by SIGBUS or SIGSEGV.
 from __future__ import annotations
 
 import functools
-import io
 import itertools
 import json
 import os
@@ -25,8 +24,6 @@ from collections.abc import Iterator
 from dataclasses import replace
 from operator import itemgetter
 from typing import Any
-
-import numpy as np
 
 from shardstream.errors import InputError
 from shardstream.shard_builder.importers.columnar import BATCH_RECORDS
@@ -37,6 +34,7 @@ from shardstream.shard_builder.importers.lmdb_pages import (
     data_file,
     newest_meta,
 )
+from shardstream.shard_builder.importers.npy import load_npy
 from shardstream.shard_builder.importers.source import (
     Batch,
     Column,
@@ -133,7 +131,7 @@ def _value(fmt: str, data: bytes, where: str) -> Column:
         if fmt == "json":
             return "json", json.loads(data)
         if fmt == "npy":
-            return "ndarray", np.load(io.BytesIO(data), allow_pickle=False)
+            return "ndarray", load_npy(data)
         if fmt == "pickle":  # the config allows it only with --allow-pickle
             try:
                 value = pickle.loads(data)

@@ -76,9 +76,10 @@ def split(unit: SourceUnit, part_bytes: int) -> list[SourceUnit]:
                 )
                 first, first_number = offset, number
             head = os.pread(f.fileno(), 8, offset)
-            if len(head) < 8:
-                break  # a truncated header: reading the last part reports it
-            offset += 16 + struct.unpack("<Q", head)[0]
+            length = struct.unpack("<Q", head)[0] if len(head) == 8 else unit.nbytes
+            if length > unit.nbytes - offset - 16:
+                break  # a truncated header or record: reading the last part reports it
+            offset += 16 + length
             number += 1
     end = max(offset, unit.nbytes)  # a record running past the end: reported when read
     parts.append(
@@ -262,7 +263,7 @@ def read(unit: SourceUnit) -> Iterator[Record]:
         start = pos + 12
         pos = start + length + 4
         if pos > size:
-            raise InputError(f"{where}: truncated record ({length} bytes announced)")
+            raise InputError(f"{where}: {_truncated(length, size - start + 12)}")
         data = buf[start : start + length]
         if _U32.unpack_from(buf, pos - 4)[0] != masked_crc(data):
             raise InputError(f"{where}: bad CRC of the record data (damaged file)")
@@ -341,6 +342,13 @@ class _Frames:
                 break
             length = _HEAD.unpack_from(buf, pos)[0]
             heads.append(pos)
+            if length > size - pos - 16:
+                # Past the part's end: the last record of the batch, which ends it with an
+                # error. Its length is clipped, so the numpy arithmetic below stays in int64
+                # (a header of 2**64 - 1 bytes was an OverflowError, one of 2**63 - 8 wrapped
+                # around to an IndexError); _error quotes the header's own number.
+                lengths.append(size)
+                break
             lengths.append(length)
             pos += length + 16
         head = np.array(heads, np.int64)
@@ -365,7 +373,7 @@ class _Frames:
                 at,
                 "bad CRC of the record length"
                 if not length_ok[framed]
-                else f"truncated record ({lengths[framed]} bytes announced)",
+                else _truncated(_HEAD.unpack_from(buf, at)[0], size - at),
             )
         elif short:
             error = self._error(number + len(heads), pos, "truncated record header")
@@ -376,6 +384,15 @@ class _Frames:
         if what.startswith("bad CRC"):
             what += " (damaged file)"
         return InputError(f"{where}: {what}")
+
+
+def _truncated(length: int, left: int) -> str:
+    """Why a record whose header says ``length`` runs past the end (``left`` bytes from
+    its header to the end of the file or part)."""
+    return (
+        f"truncated record ({length} bytes announced, the file holds {max(left - 16, 0)} "
+        "more after the record's header and checksums)"
+    )
 
 
 def _stored(data: np.ndarray[Any, Any], at: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

@@ -14,16 +14,14 @@ a temporary file, read, and deleted. Tars are read from their headers directly
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
-
 from shardstream.errors import InputError
+from shardstream.shard_builder.importers.npy import load_npy
 from shardstream.shard_builder.importers.source import Column, ImportFormat, Record, SourceUnit
 from shardstream.shard_builder.importers.tar import tar_members
 from shardstream.shard_builder.inputs import resolve_inputs
@@ -107,7 +105,7 @@ def decode_member(ext: str, data: bytes, where: str) -> Column:
         if last == "json":
             return "json", json.loads(data)
         if last == "npy":
-            return "ndarray", np.load(io.BytesIO(data), allow_pickle=False)
+            return "ndarray", load_npy(data)
     except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deeply
         raise InputError(f"{where}.{ext}: cannot read the {last} member ({exc})") from exc
     return "bytes", data
