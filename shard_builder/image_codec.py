@@ -37,6 +37,13 @@ def sniff_format(data: bytes) -> str:
     return "bytes"
 
 
+def column_encoding(first: bytes | None) -> str:
+    """The image column's encoding for images sniffed from their first: ``png`` for a PNG,
+    else ``jpeg`` (never ``bytes``: readers decode a ``jpeg`` value by its content, and
+    every stored image passed :func:`check_image`)."""
+    return "png" if first is not None and sniff_format(first) == "png" else "jpeg"
+
+
 def _looks_complete(data: bytes) -> bool:
     if data.startswith(_JPEG_MAGIC):
         return data.rstrip(b"\x00\r\n ").endswith(_JPEG_EOI)

@@ -19,7 +19,7 @@ from typing import Any
 from shardstream.errors import InputError
 from shardstream.mds import make_encoder, shard_config
 from shardstream.shard_builder.config import ImageBuildConfig, content_options
-from shardstream.shard_builder.image_codec import BadImageError, check_image, sniff_format
+from shardstream.shard_builder.image_codec import BadImageError, check_image, column_encoding
 from shardstream.shard_builder.image_source import (
     ImageChunk,
     ImageSource,
@@ -81,14 +81,31 @@ def process_chunk(task: ImageTask, items: Iterable[Item] | None = None) -> Check
 
 
 def _image_encoding(config: ImageBuildConfig, source: ImageSource) -> str:
+    """The image column's encoding: ``png`` when every image is a PNG, else ``jpeg``.
+
+    Never ``bytes`` by default: a ``bytes`` column is handed to readers undecoded, and a
+    tree with one PNG among its JPEGs would then reach torchvision as raw bytes. Every
+    stored image passed :func:`check_image` (Pillow decodes it), and both readers decode
+    a ``jpeg``/``png`` value by its content (ours by its magic bytes, MosaicML's through
+    ``Image.open``), so a mixed tree goes in a ``jpeg`` column, each image keeping its own
+    bytes.
+    """
     if config.image_format != "auto":
         return config.image_format
     if source.extensions:
-        if source.extensions <= {".jpg", ".jpeg"}:
-            return "jpeg"
-        return "png" if source.extensions == {".png"} else "bytes"
+        return "png" if source.extensions == {".png"} else "jpeg"
     first = next((item for chunk in source.chunks for item in read_items(chunk)), None)
-    return sniff_format(first[2] or b"") if first else "bytes"
+    return column_encoding(first[2] if first else None)
+
+
+def undecoded_note(columns: dict[str, str]) -> list[str]:
+    """The summary's word on an image column stored as ``bytes``: readers get it undecoded."""
+    if columns.get("image") != "bytes":
+        return []
+    return [
+        "column 'image' is stored as bytes (--image-format bytes): readers get the images "
+        "undecoded; build with --image-format auto (or jpeg/png) to have them decoded"
+    ]
 
 
 def shard_header_bytes(columns: dict[str, str], config: ImageBuildConfig) -> int:
@@ -224,6 +241,7 @@ class ImageKind(BuildKind):
             "skipped": [asdict(b) for _, b in self.skipped],
             "config": content_options(self.config),
             "lineage": self.source.lineage,
+            **({"notes": notes} if (notes := undecoded_note(self.columns)) else {}),
         }
 
 

@@ -67,12 +67,15 @@ def _works(name: str) -> bool:
 
 @dataclass(frozen=True)
 class ImageDecoder:
-    """Bytes -> pixels: ``uint8`` ``(H, W[, C])`` numpy arrays (``layout="HWC"``) or
-    ``(C, H, W)`` tensors (``layout="CHW"``).
+    """Bytes -> pixels: ``uint8`` ``(H, W, C)`` numpy arrays (``layout="HWC"``) or
+    ``(C, H, W)`` tensors (``layout="CHW"``), always with a channel axis (a grayscale
+    image has ``C == 1``, as torchvision's decoders give it), whichever decoder ran.
 
-    ``mode``: ``None`` keeps the stored channels (grayscale stays 2-D in HWC, 1 channel
-    in CHW), ``"RGB"`` or ``"L"`` converts. ``min_size``: decode JPEGs at the smallest DCT
-    scale (1/2, 1/4, 1/8) whose shorter side is still at least this many pixels.
+    ``mode``: ``None`` keeps the stored channels (gray 1, gray + alpha 2, RGB 3, RGBA 4),
+    except where they are no colours a model can train on: CMYK and YCCK JPEGs become RGB,
+    palette PNGs RGB (RGBA with a transparent colour), 1-bit images gray (0 or 255).
+    ``"RGB"`` or ``"L"`` converts every image. ``min_size``: decode JPEGs at the smallest
+    DCT scale (1/2, 1/4, 1/8) whose shorter side is still at least this many pixels.
     """
 
     name: str = "auto"
@@ -121,8 +124,11 @@ class ImageDecoder:
             with Image.open(io.BytesIO(data)) as img:
                 if self.min_size is not None and img.format == "JPEG":
                     img.draft(img.mode, _draft_size(img.size, self.min_size))
-                if self.mode is not None and img.mode != self.mode:
-                    converted = img.convert(self.mode)
+                target = self.mode or _STORED_AS.get(img.mode)
+                if img.mode == "P" and self.mode is None and "transparency" in img.info:
+                    target = "RGBA"
+                if target is not None and img.mode != target:
+                    converted = img.convert(target)
                 else:
                     img.load()
                     converted = img
@@ -132,14 +138,19 @@ class ImageDecoder:
         return self._layout_of_hwc(pixels)
 
     def _layout_of_hwc(self, pixels: np.ndarray[Any, Any]) -> Any:
+        if pixels.ndim == 2:  # Pillow's and simplejpeg's gray: give it its channel axis
+            pixels = pixels[..., np.newaxis]
         if self.layout == "HWC":
             return pixels
         if not pixels.flags.writeable:  # Pillow's arrays are read-only views
             pixels = pixels.copy()
-        tensor = torch.from_numpy(np.ascontiguousarray(pixels))
-        if tensor.ndim == 2:
-            return tensor.unsqueeze(0)
-        return tensor.permute(2, 0, 1)
+        return torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1)
+
+
+# Pillow modes that ``mode=None`` converts: what they hold is no image a model trains on
+# as it is (palette indices, booleans, ink amounts); the fast decoders agree (``_from_chw``).
+_STORED_AS = {"1": "L", "P": "RGB", "PA": "RGBA", "CMYK": "RGB", "YCbCr": "RGB", "LAB": "RGB"}
+_STORED_AS |= {"HSV": "RGB", "La": "LA", "RGBa": "RGBA", "RGBX": "RGB"}
 
 
 def _draft_size(size: tuple[int, int], min_size: int) -> tuple[int, int]:
@@ -156,6 +167,8 @@ def _torchcodec(dec: ImageDecoder, data: bytes) -> Any:
     modes = {None: ImageReadMode.UNCHANGED, "RGB": ImageReadMode.RGB, "L": ImageReadMode.GRAY}
     chw = decode_jpeg(data, mode=modes[dec.mode])
     assert isinstance(chw, torch.Tensor)  # one image in, one tensor out
+    if chw.shape[0] == 4:  # a CMYK JPEG as stored: RGB, as from every decoder
+        return _torchcodec(ImageDecoder("pillow", dec.layout, "RGB", dec.min_size), data)
     return _from_chw(dec, chw)
 
 
@@ -169,14 +182,15 @@ def _torchvision(dec: ImageDecoder, data: bytes) -> Any:
     with warnings.catch_warnings():  # deprecated for torchcodec, which we prefer if installed
         warnings.simplefilter("ignore", DeprecationWarning)
         chw = decode_jpeg(raw, mode=mode[dec.mode])
+        if chw.shape[0] == 4:  # a CMYK JPEG as stored: RGB, as from every decoder
+            chw = decode_jpeg(raw, mode=ImageReadMode.RGB)
     return _from_chw(dec, chw)
 
 
 def _from_chw(dec: ImageDecoder, chw: torch.Tensor) -> Any:
     if dec.layout == "CHW":
         return chw
-    hwc = chw.permute(1, 2, 0).numpy()
-    return hwc[..., 0] if hwc.shape[2] == 1 and dec.mode != "RGB" else hwc
+    return chw.permute(1, 2, 0).numpy()
 
 
 def _simplejpeg(dec: ImageDecoder, data: bytes) -> Any:
@@ -191,9 +205,7 @@ def _simplejpeg(dec: ImageDecoder, data: bytes) -> Any:
         height, width = simplejpeg.decode_jpeg_header(data)[:2]
         scale = dec.min_size / max(1, min(width, height))
         kwargs = {"min_height": int(height * scale), "min_width": int(width * scale)}
-    pixels = simplejpeg.decode_jpeg(data, colorspace=colorspace, **kwargs)
-    if colorspace == "GRAY":
-        pixels = pixels[..., 0]
+    pixels = simplejpeg.decode_jpeg(data, colorspace=colorspace, **kwargs)  # (H, W, C)
     return dec._layout_of_hwc(pixels)
 
 

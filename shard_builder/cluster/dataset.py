@@ -19,7 +19,7 @@ from typing import Any
 
 from shardstream.errors import ConfigError, InputError
 from shardstream.shard_builder.config import ImageBuildConfig, TextBuildConfig
-from shardstream.shard_builder.image_codec import sniff_format
+from shardstream.shard_builder.image_codec import column_encoding
 from shardstream.shard_builder.image_source import ImageChunk, ImageSource, Item
 from shardstream.shard_builder.text import TEXT_SUFFIXES, TextSource
 from shardstream.storage import open_store
@@ -184,4 +184,4 @@ def block_items(chunk: ImageChunk, block: Any, skip: int) -> Iterator[Item]:
 def _sniff_block(block: Any, config: ImageBuildConfig) -> str:
     chunk = ImageChunk(0, 1, 0, image_field=config.image_field, label_field=config.label_field)
     first = next(block_items(chunk, block, 0), None)
-    return sniff_format(first[2] or b"") if first else "bytes"
+    return column_encoding(first[2] if first else None)

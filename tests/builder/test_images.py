@@ -65,7 +65,7 @@ def test_resize_reencodes_and_png_keeps_png(tmp_path: Path) -> None:
     (root / "big" / "a.jpg").write_bytes(jpeg_bytes(1, (200, 100)))
     (root / "small" / "b.png").write_bytes(png_bytes(2, (20, 30)))
     result = build_images(_config(tmp_path, root, resize=50))
-    assert result.columns["image"] == "bytes"  # mixed formats
+    assert result.columns["image"] == "jpeg"  # mixed formats: decoded by content
     samples = read_with_ours(tmp_path / "out")
     big = Image.open(io.BytesIO(samples[0]["image"]))  # type: ignore[arg-type]
     assert big.format == "JPEG" and big.size == (100, 50)
@@ -137,3 +137,58 @@ def test_null_image_in_parquet(tmp_path: Path, policy: str) -> None:
         result = build_images(config)
         assert result.samples == 2
         assert result.skipped[0].source.endswith("d.parquet row 1")
+
+
+def _mixed_tree(root: Path) -> dict[str, int]:
+    """A class tree with RGB, grayscale and CMYK JPEGs and an RGBA PNG among them; the
+    channels each has as stored (CMYK decodes to RGB)."""
+    rgb = Image.open(io.BytesIO(jpeg_bytes(5, (40, 32)))).convert("RGB")
+    files = {
+        "a/0.jpg": (rgb, "JPEG", 3),
+        "a/1.jpg": (rgb.convert("L"), "JPEG", 1),
+        "b/2.jpg": (rgb.convert("CMYK"), "JPEG", 3),
+        "b/3.png": (rgb.convert("RGBA"), "PNG", 4),
+    }
+    for name, (image, fmt, _) in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        image.save(root / name, format=fmt)
+    return {name: channels for name, (_, _, channels) in files.items()}
+
+
+def test_a_mixed_jpeg_png_tree_decodes_in_both_readers(tmp_path: Path) -> None:
+    from shardstream.client import DecodeOptions, PlanOptions, StreamingDataset
+
+    root = tmp_path / "imgs"
+    channels = _mixed_tree(root)
+    result = build_images(_config(tmp_path, root))
+    assert result.columns == {"image": "jpeg", "label": "int"}
+    assert "undecoded" not in result.summary()
+    plan = PlanOptions(shuffle=False)
+    for layout in ("HWC", "CHW"):
+        decode = DecodeOptions(image_layout=layout)
+        ds = StreamingDataset(str(tmp_path / "out"), batch_size=1, plan=plan, decode=decode)
+        shapes = [tuple(batch["image"][0].shape) for batch in ds]
+        want = [(32, 40, c) if layout == "HWC" else (c, 32, 40) for c in channels.values()]
+        assert shapes == want
+    rgb = DecodeOptions(image_mode="RGB", image_layout="CHW")
+    ds = StreamingDataset(str(tmp_path / "out"), batch_size=4, plan=plan, decode=rgb)
+    assert tuple(next(iter(ds))["image"].shape) == (4, 3, 32, 40)  # one stacked tensor
+    theirs = read_with_streaming(tmp_path / "out", tmp_path / "cache")
+    assert [s["image"].format for s in theirs] == ["JPEG", "JPEG", "JPEG", "PNG"]
+
+
+def test_a_column_stored_undecoded_is_named_with_the_flag(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    root = tmp_path / "imgs"
+    _mixed_tree(root)
+    args = [sys.executable, "-m", "shardstream", "build", "images", str(root), "--no-progress"]
+    args += ["--output", str(tmp_path / "out"), "--image-format", "bytes"]
+    args += ["--shard-size", "8192", "--allow-small-shards", "--workers", "1"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "column 'image' is stored as bytes" in done.stderr
+    assert "--image-format auto" in done.stderr
+    meta = json.loads((tmp_path / "out" / "shardstream.json").read_text())
+    assert meta["columns"]["image"] == "bytes" and "undecoded" in meta["notes"][0]

@@ -53,9 +53,40 @@ def test_fast_decoders_match_pillow(name: str) -> None:
 @pytest.mark.parametrize("name", [*FAST, "pillow"])
 def test_grayscale_keeps_its_channel_unless_rgb_is_asked(name: str) -> None:
     data = jpeg(mode="L")
-    assert ImageDecoder(name)(data, what="x").shape == (30, 50)
+    # A channel axis in both layouts, as torchvision's decoders give a gray image.
+    assert ImageDecoder(name)(data, what="x").shape == (30, 50, 1)
     assert ImageDecoder(name, layout="CHW")(data, what="x").shape == (1, 30, 50)
+    assert ImageDecoder(name, mode="L")(data, what="x").shape == (30, 50, 1)
     assert ImageDecoder(name, mode="RGB")(data, what="x").shape == (30, 50, 3)
+
+
+def _png(image: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("layout", ["HWC", "CHW"])
+@pytest.mark.parametrize("name", [*FAST, "pillow"])
+def test_every_decoder_gives_the_same_channels_as_stored(name: str, layout: str) -> None:
+    """``image_mode=None``: gray 1 channel, RGB 3, RGBA 4, whichever decoder runs; what
+    holds no trainable colours as stored (CMYK ink, palette indices, 1-bit) comes as RGB
+    or gray, uint8."""
+    rgb = Image.fromarray(np.random.default_rng(1).integers(0, 255, (30, 50, 3), np.uint8))
+    cases = {
+        jpeg(mode="L"): 1,
+        jpeg(mode="CMYK"): 3,
+        jpeg(): 3,
+        _png(rgb.convert("L")): 1,
+        _png(rgb.convert("P")): 3,
+        _png(rgb.convert("1")): 1,
+        _png(rgb.convert("RGBA")): 4,
+    }
+    decode = ImageDecoder(name, layout)
+    for data, channels in cases.items():
+        pixels = decode(data, what="x")
+        shape = (30, 50, channels) if layout == "HWC" else (channels, 30, 50)
+        assert tuple(pixels.shape) == shape and pixels.dtype in (np.uint8, torch.uint8)
 
 
 @pytest.mark.parametrize("name", [*FAST, "pillow"])
