@@ -2,6 +2,7 @@
 
 The client is read from the top (the torch front ends) down to the node cache::
 
+    integrations/                                the trainers' glue (HF Trainer, accelerate...)
     dataset, loader, cli, _server, committer     front ends and the calls to the server
     workers/                                     the fast loader's processes and ring
     batches/                                     plan positions -> tensors in one process
@@ -31,6 +32,7 @@ PREFIX = "shardstream.client"
 
 # Highest first. A module's layer is the first entry that its dotted name starts with.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("integrations", ("integrations",)),  # the trainers' glue, over the front ends
     ("front ends", ("__init__", "dataset", "loader", "cli", "_server", "committer")),
     ("workers", ("workers",)),
     ("batches", ("batches",)),

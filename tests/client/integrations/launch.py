@@ -1,0 +1,135 @@
+"""Launch a framework's training script on N ranks as ``torchrun`` would, on loopback only.
+
+Each rank gets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+``MASTER_ADDR=127.0.0.1`` and a free ``MASTER_PORT``; all ranks (and their loader workers)
+share one process group, so :meth:`RankJob.kill` SIGKILLs them at one instant, as a
+preemption would (the same launch as :mod:`tests.harness.job`, for any script module).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.fixtures.netns import require_private_netns
+from tests.harness.job import REPO_ROOT, free_port, live_group_members
+
+
+class RankJob:
+    """``module`` run on ``world_size`` ranks with ``cfg`` (written to the attempt folder)."""
+
+    def __init__(self, module: str, cfg: dict[str, Any], world_size: int) -> None:
+        self.attempt = Path(cfg["attempt"])
+        self.attempt.mkdir(parents=True, exist_ok=True)
+        config = self.attempt / "config.json"
+        config.write_text(json.dumps(cfg))
+        if world_size > 1:
+            require_private_netns("torch.distributed")
+        env = {
+            **os.environ,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size),
+            "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
+            "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+        self.world_size = world_size
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.pgid = 0
+        for rank in range(world_size):
+            with (self.attempt / f"rank{rank}.out").open("wb") as out:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", module, str(config)],
+                    env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                    cwd=REPO_ROOT,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    process_group=self.pgid,
+                )
+            self.procs.append(proc)
+            if rank == 0:
+                self.pgid = proc.pid
+
+    def wait_for_files(self, name: str, timeout: float = 600) -> None:
+        """Block until every rank wrote ``{name}{rank}``; fail if a rank exits first."""
+        deadline = time.monotonic() + timeout
+        while not all((self.attempt / f"{name}{r}").exists() for r in range(self.world_size)):
+            if any(p.poll() is not None for p in self.procs):
+                self.kill()
+                raise AssertionError(f"a rank exited before {name}\n{self.outputs()}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise AssertionError(f"no {name} within {timeout}s\n{self.outputs()}")
+            time.sleep(0.05)
+
+    def wait(self, timeout: float = 600) -> None:
+        """Wait for every rank to exit 0."""
+        for rank, proc in enumerate(self.procs):
+            try:
+                rc = proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise AssertionError(f"rank {rank} still running\n{self.outputs()}") from None
+            if rc != 0:
+                self.kill()
+                raise AssertionError(f"rank {rank} exited {rc}\n{self.outputs()}")
+        self.kill()  # loader workers of finished ranks, if any are left
+
+    def kill(self) -> None:
+        """SIGKILL every rank and worker at once; return when none runs any more."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pgid, signal.SIGKILL)
+        for proc in self.procs:
+            proc.wait(30)
+        deadline = time.monotonic() + 30
+        while alive := live_group_members(self.pgid):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"processes {alive} survived SIGKILL")
+            time.sleep(0.01)
+
+    def outputs(self, tail: int = 4000) -> str:
+        """The end of each rank's output, for failure messages."""
+        return "\n".join(
+            f"--- rank {r} ---\n"
+            + (self.attempt / f"rank{r}.out").read_text(errors="replace")[-tail:]
+            for r in range(self.world_size)
+        )
+
+    def __enter__(self) -> RankJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if any(p.poll() is None for p in self.procs) or live_group_members(self.pgid):
+            self.kill()
+
+
+def steps_of(attempt: Path, world_size: int) -> dict[int, list[list[int]]]:
+    """``{step: [ids of rank 0, ids of rank 1, ...]}`` from the ranks' logs."""
+    steps: dict[int, list[list[int]]] = {}
+    for rank in range(world_size):
+        for line in (attempt / f"rank{rank}.log").read_text().splitlines():
+            step, *ids = map(int, line.split())
+            steps.setdefault(step, [[] for _ in range(world_size)])[rank] = ids
+    return steps
+
+
+def global_batches(steps: dict[int, list[list[int]]]) -> dict[int, list[int]]:
+    """Each step's global batch (the ranks' samples together, sorted), after checking that
+    the ranks read disjoint samples and none of them missed the step."""
+    out = {}
+    for step, per_rank in sorted(steps.items()):
+        assert all(per_rank), f"step {step}: a rank logged no samples ({per_rank})"
+        merged = [i for ids in per_rank for i in ids]
+        assert len(set(merged)) == len(merged), f"step {step}: ranks overlap: {per_rank}"
+        out[step] = sorted(merged)
+    return out

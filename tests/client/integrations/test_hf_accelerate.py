@@ -1,0 +1,89 @@
+"""shardstream in a bare ``accelerate`` loop: the loader's position rides in
+``accelerator.save_state``; a job SIGKILLed after a save and resumed with ``load_state``
+trains on exactly the samples of an uninterrupted run, on 2 ranks and on 3;
+``dispatch_batches=True`` is refused in one line."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shardstream.errors import ConfigError
+from shardstream.mds import MDSWriter
+from tests.client.integrations.launch import RankJob, global_batches, steps_of
+
+JOB = "tests.client.integrations.accelerate_job"
+GLOBAL_BATCH = 12
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """96 samples of 32 token ids in 6 shards: 8 global batches an epoch."""
+    out = tmp_path_factory.mktemp("accelerate") / "tokens"
+    rng = np.random.default_rng(1)
+    with MDSWriter(str(out), {"tokens": "ndarray:uint16:32"}, size_limit=1200) as writer:
+        for _ in range(96):
+            writer.write({"tokens": rng.integers(0, 256, 32, dtype=np.uint16)})
+    return str(out)
+
+
+def _cfg(attempt: Path, out: Path, data: str, world: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "attempt": str(attempt), "data": data, "output_dir": str(out),
+        "batch_size": GLOBAL_BATCH // world, "max_steps": 12, "save_steps": 4, **extra,
+    }  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_sigkilled_accelerate_loop_resumes_exactly_on_2_and_3_ranks(
+    tokens: str, tmp_path: Path
+) -> None:
+    with RankJob(JOB, _cfg(tmp_path / "ref", tmp_path / "ref-out", tokens, 1), 1) as job:
+        job.wait()
+    reference = global_batches(steps_of(tmp_path / "ref", 1))
+    assert sorted(reference) == list(range(1, 13))
+
+    first = tmp_path / "first"
+    with RankJob(JOB, _cfg(first, first / "out", tokens, 2, hang_at=5), 2) as job:
+        job.wait_for_files("hang")
+        job.kill()
+    assert global_batches(steps_of(first, 2)) == {s: reference[s] for s in range(1, 5)}
+
+    for world in (2, 3):
+        again = tmp_path / f"again{world}"
+        shutil.copytree(first / "out", again / "out")
+        with RankJob(JOB, _cfg(again, again / "out", tokens, world, resume=True), world) as job:
+            job.wait()
+        resumed = global_batches(steps_of(again, world))
+        assert resumed == {s: reference[s] for s in range(5, 13)}, f"{world} ranks"
+
+
+def test_dispatch_batches_true_is_refused_in_one_line(tokens: str) -> None:
+    from accelerate import Accelerator, DataLoaderConfiguration
+
+    from shardstream.client import ShardstreamLoader, StreamingDataset
+    from shardstream.integrations.hf_accelerate import prepare_loader
+
+    accelerator = Accelerator(
+        cpu=True, dataloader_config=DataLoaderConfiguration(dispatch_batches=True)
+    )
+    loader = ShardstreamLoader(StreamingDataset(tokens, 4), num_workers=0)
+    with pytest.raises(ConfigError, match=r"dispatch_batches=\.\.\.\)\)=True makes rank 0") as e:
+        prepare_loader(accelerator, loader)
+    assert "\n" not in str(e.value)
+
+
+def test_loader_of_another_rank_is_refused(tokens: str) -> None:
+    from accelerate import Accelerator
+
+    from shardstream.client import ShardstreamLoader, StreamingDataset, Topology
+    from shardstream.integrations.hf_accelerate import prepare_loader
+
+    dataset = StreamingDataset(tokens, 4, topology=Topology(rank=1, world_size=2))
+    with pytest.raises(ConfigError, match="reads as rank 1 of 2 but accelerate runs"):
+        prepare_loader(Accelerator(cpu=True), ShardstreamLoader(dataset, num_workers=0))
