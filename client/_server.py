@@ -178,15 +178,17 @@ _JOB_ENV = (
 )
 
 
-def attempt_key(world_size: int, resumed: tuple[int | None, int, int] | None) -> str:
+def attempt_key(world_size: int) -> str:
     """The key every rank of this start of the job registers its attempt under.
 
     ``$SHARDSTREAM_ATTEMPT`` when set; else a digest of what all ranks of one start share
     and a restart changes: torchrun's run id and restart count, SLURM's job, step and
-    restart count, the rendezvous address, the world size and the resume point. A single
-    process with none of those is its own job (a random key). Two starts with the same
-    rendezvous, world size and resume point and no launcher ids share one attempt: neither
-    committed in between (or the resume point would differ), so the history is the same.
+    restart count, the rendezvous address and the world size. A single process with none
+    of those is its own job (a random key). Not the resume point: ranks of one start that
+    resume from different states must register under one key, so the server sees them
+    disagree and refuses the start (rather than a stale rank registering a rollback of its
+    own). A launcher started again by hand may give the new start the same ids: the server
+    makes it a new attempt once the earlier one has committed (see docs/training.md).
     """
     given = os.environ.get(ATTEMPT_ENV)
     if given:
@@ -194,7 +196,7 @@ def attempt_key(world_size: int, resumed: tuple[int | None, int, int] | None) ->
     if world_size == 1 and not any(os.environ.get(name) for name in _JOB_ENV):
         return "proc-" + uuid.uuid4().hex[:24]
     shared = [f"{name}={os.environ.get(name, '')}" for name in _JOB_ENV]
-    shared += [f"world={world_size}", f"resume={resumed}"]
+    shared.append(f"world={world_size}")
     return "job-" + hashlib.sha256("\0".join(shared).encode()).hexdigest()[:24]
 
 
@@ -206,8 +208,9 @@ def register_attempt(
     ``resumed`` is ``(trainer step or None, epoch, batch)`` of the state the loader resumed
     from (None: a start from the beginning). The server refuses (:class:`ResumeError`,
     before the first batch) a resume point that is no checkpoint of the run, a trainer
-    step whose checkpoint is at another position, ranks of one start that disagree, and a
-    fresh start of a run that has checkpoints. A server without the ledger: None.
+    step whose checkpoint is at another position, ranks of one start that disagree, a
+    fresh start of a run that has checkpoints, and a loader that reads other versions or
+    global batches than the run was created with. A server without the ledger: None.
     """
     from shardstream.wire import AttemptCreate, ResumePoint
 
@@ -222,13 +225,15 @@ def register_attempt(
             step=step, epoch=epoch, sample_in_epoch=batch * stream.config.global_batch_size
         )
     body = AttemptCreate(
-        key=attempt_key(dataset.topology.world_size, resumed),
+        key=attempt_key(dataset.topology.world_size),
         world_size=dataset.topology.world_size,
         workers=workers,
         resume=point,
         algorithm=state.algorithm,
         fingerprint=state.fingerprint,
         changes=[dict(c) for c in stream.changes],
+        versions=list(stream.versions),
+        global_batch_size=stream.config.global_batch_size,
     )
     api = committer_for(server.resolved_url(), server.resolved_token()).api
     try:

@@ -123,6 +123,10 @@ class ShardstreamLoader:
         # before the first batch, and the (trainer step, epoch, batch) it resumed from.
         self._attempt: int | None = None
         self._resumed: tuple[int | None, int, int] | None = None
+        # The start's first commit waits for the server's answer: a resume the server
+        # refuses (a model step beside another step's data) fails in the commit that is
+        # wrong, before the trainer saves a model of that step, not one commit later.
+        self._first_commit = True
         if resume is not None:
             from shardstream.client._server import load_checkpoint_at
 
@@ -180,6 +184,7 @@ class ShardstreamLoader:
             )
         self._epoch, self._consumed = state.epoch, state.batch
         self._resumed, self._attempt = (step, state.epoch, state.batch), None
+        self._first_commit = True
 
     def commit(self, step: int, *, wait: bool = False) -> None:
         """Store the current state on the server as the run's checkpoint at ``step``.
@@ -188,7 +193,9 @@ class ShardstreamLoader:
         process), retried while the server is unreachable, and flushed by
         :meth:`flush_commits`, :meth:`close` and at process exit. A commit that failed
         is logged and raised by the next ``commit`` or ``flush_commits``. ``wait=True``
-        returns only once this commit is durable on the server.
+        returns only once this commit is durable on the server. The first commit of a
+        start (after a resume) always waits: the server checks there that the trainer's
+        steps and the loader's position agree, and a refusal is raised by that commit.
         """
         from shardstream.client._server import commit_checkpoint
 
@@ -197,9 +204,11 @@ class ShardstreamLoader:
             topology = self.dataset.topology
             report = self._meter.report_window().report(topology.rank, topology.world_size)
         attempt = self._register()
+        first = self._first_commit
         commit_checkpoint(
-            self.dataset, step, self.state_dict(), wait=wait, stats=report, attempt=attempt
+            self.dataset, step, self.state_dict(), wait=wait or first, stats=report, attempt=attempt
         )
+        self._first_commit = False
 
     def _register(self) -> int | None:
         """This start's attempt in the run's ledger (registered once, before the first

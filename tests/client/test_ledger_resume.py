@@ -17,7 +17,7 @@ import pytest
 
 from shardstream.api_client import APIClient
 from shardstream.client import CacheOptions, ServerOptions, ShardstreamLoader, StreamingDataset
-from shardstream.errors import ResumeError
+from shardstream.errors import ConflictError, ResumeError
 from shardstream.shard_builder.publish import register_index
 from tests.client.test_dataset_support import write_tokens
 from tests.fixtures.server import LiveServer
@@ -171,13 +171,14 @@ def test_dataset_version_swapped_under_the_run_is_refused_or_flagged(
         pytest.raises(ResumeError, match="versions"),
     ):
         ld.load_state_dict(state, step=2)
-    # a start that reads another version from the beginning: the audit flags it
+    # a start that reads another version from the beginning: refused before its first
+    # batch too (the run names its versions; the audit flags clients before that check)
     swapped = new_run(api)
-    with loader(live_server, swapped, tmp_path, "tokens") as ld:
-        train(ld, 1, 2)
-    code, report = audit_cli(live_server, swapped)
-    assert code != 0 and not report["ok"]
-    assert any("version was swapped" in f for f in report["failures"])
+    with (
+        loader(live_server, swapped, tmp_path, "tokens") as ld,
+        pytest.raises(ResumeError, match=r"reads \['tokens@1'\], but this loader reads"),
+    ):
+        iter(ld)
 
 
 def test_rollback_through_the_loader_is_allowed_and_recorded(
@@ -196,3 +197,48 @@ def test_rollback_through_the_loader_is_allowed_and_recorded(
         (1, 1, 3),
         (2, 4, 20),
     ]
+
+
+def test_a_refused_commit_raises_in_that_commit(
+    live_server: LiveServer, api: APIClient, data: str, tmp_path: Path
+) -> None:
+    """The model restored from step 2 beside the loader's ``resume="latest"`` (step 4):
+    the start's first commit waits for the server, so its refusal is raised by the commit
+    that is wrong, before the trainer saves a model of that step (not one commit later)."""
+    run = new_run(api)
+    with loader(live_server, run, tmp_path) as ld:
+        train(ld, 1, 4)
+    with loader(live_server, run, tmp_path, resume="latest") as ld:
+        it = iter(ld)
+        next(it)  # the model's step 3
+        with pytest.raises(ConflictError, match="resumed the data at step 4"):
+            ld.commit(3)
+    assert [a.refused for a in api.list_attempts(run)] == [None, [[3, 0, 20]]]
+
+
+def test_a_loader_of_another_batch_size_is_refused_before_the_first_batch(
+    live_server: LiveServer, api: APIClient, data: str, tmp_path: Path
+) -> None:
+    run = new_run(api)
+    server = ServerOptions(url=live_server.url, token=live_server.token, run=run)
+    ds = StreamingDataset("tokens", 2 * B, server=server, cache=CacheOptions(dir=tmp_path / "c"))
+    with ShardstreamLoader(ds, num_workers=0) as ld, pytest.raises(ResumeError) as refused:
+        iter(ld)
+    assert f"global batches of {B} samples" in str(refused.value)
+    assert f"global_batch_size is {2 * B}" in str(refused.value)
+
+
+def test_ranks_of_one_launch_share_one_attempt_key_whatever_they_resume(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The key is the launcher's, not the resume point's: a stale rank must collide with
+    its start's other ranks (and be refused), not register a start of its own."""
+    from shardstream.client._server import attempt_key
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.delenv("SHARDSTREAM_ATTEMPT", raising=False)
+    first = attempt_key(3)
+    assert attempt_key(3) == first and attempt_key(4) != first
+    monkeypatch.setenv("MASTER_PORT", "29501")  # another launch
+    assert attempt_key(3) != first

@@ -37,6 +37,9 @@ class ServerResume:
     """Resume from the state the run committed to the server (``"latest"`` or a step)."""
 
     which: str | int = "latest"
+    # Ranks that resume elsewhere (rank as text -> "latest" or a step): a stale state on
+    # one rank of a start, which the run's ledger must refuse.
+    ranks: dict[str, str | int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

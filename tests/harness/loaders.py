@@ -135,7 +135,8 @@ def _build_shardstream_loader(cfg: TrainerConfig, rank: int, world_size: int) ->
         decode=DecodeOptions(sample_ids=True),
         server=None if data.server is None else ServerOptions(url=data.server, run=data.run_id),
     )
-    resume = None if cfg.resume_server is None else cfg.resume_server.which
+    srv = cfg.resume_server
+    resume = None if srv is None else srv.ranks.get(str(rank), srv.which)
     loader: ResumableLoader = ShardstreamLoader(dataset, num_workers=cfg.num_workers, resume=resume)
     return loader
 
