@@ -37,10 +37,9 @@ from shardstream.server.console.session import (
     set_session,
     who_label,
 )
-from shardstream.server.data import audit as audit_data
+from shardstream.server.data import audit_answer, mixture_history
 from shardstream.server.data import datasets as datasets_data
 from shardstream.server.data import input_stats as input_stats_data
-from shardstream.server.data import mixture_history
 from shardstream.server.data import runs as runs_data
 from shardstream.server.data import tokens as tokens_data
 from shardstream.server.data import versions as versions_data
@@ -358,7 +357,7 @@ async def run(request: Request, who: User, session: SessionDep, run_id: RunId) -
         )
         chart, legend = mixture_chart(mixture_history.for_run(session, run_id)) if mix else ("", [])
         # The audit reads every checkpoint once: on the page up to AUDIT_ON_PAGE of them.
-        report = audit_data.audit(session, run_id) if (total or 0) <= AUDIT_ON_PAGE else None
+        report = audit_answer.audit(session, run_id) if (total or 0) <= AUDIT_ON_PAGE else None
         return {
             "inputs": input_stats_data.for_run(session, run_id, limit=INPUT_RANKS),
             "audit": report,

@@ -37,12 +37,17 @@ from sqlalchemy.orm import Session
 from shardstream.errors import ConflictError
 from shardstream.server.auth import Principal
 from shardstream.server.models import CheckpointRow, RunAttemptRow, RunRow, utcnow
-from shardstream.wire import AttemptCreate, AttemptPublic
+from shardstream.wire import AttemptCreate, AttemptPublic, Page
 
+from . import ID_MAX, decode_cursor
 from . import runs as runs_data
+from .paging import bounded_page, json_size
 
 NEAREST = 3
 """Existing steps listed on each side of a step that has no checkpoint."""
+
+ATTEMPT_ROW_BYTES = 400
+"""About what an attempt's answer costs besides its ``changes`` (its other fields)."""
 
 MAX_REFUSED = 64
 """Refused commits kept per attempt (the first ones: the trainer learns of a refusal at
@@ -376,3 +381,24 @@ def all_of(session: Session, run_id: int) -> list[RunAttemptRow]:
             .limit(MAX_ATTEMPTS)
         )
     )
+
+
+def page(session: Session, run_id: int, *, cursor: str | None, limit: int) -> Page[AttemptPublic]:
+    """A page of the run's attempts by number, bounded in bytes of ``changes`` as well as
+    in rows (:func:`~.paging.bounded_page`: a run's ledger once answered 87 MiB at once)."""
+
+    def fetch(after: int | None, n: int) -> Sequence[RunAttemptRow]:
+        query = select(RunAttemptRow).where(RunAttemptRow.run_id == run_id)
+        if after is not None:
+            query = query.where(RunAttemptRow.number > after)
+        return session.scalars(query.order_by(RunAttemptRow.number).limit(n)).all()
+
+    rows, more = bounded_page(
+        fetch,
+        lambda r: r.number,
+        lambda r: json_size(r.changes) + ATTEMPT_ROW_BYTES,
+        after=decode_cursor(cursor, upper=ID_MAX),
+        limit=limit,
+    )
+    items = [to_public(r) for r in rows]
+    return Page[AttemptPublic](items=items, next_cursor=str(items[-1].number) if more else None)

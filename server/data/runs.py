@@ -9,7 +9,8 @@ only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import exists, func, select
 from sqlalchemy.orm import Session
@@ -69,6 +70,36 @@ def require_readable(session: Session, who: Principal, run_id: int) -> None:
         return
     for src in sources(session, run_id):
         who.require_dataset(src.dataset)
+
+
+def named_versions(state: Mapping[str, Any]) -> list[str]:
+    """The version ids a reader state (a checkpoint's plan, an attempt's body) names: its
+    ``versions``, and those its recorded ``changes`` went from and to."""
+    found: list[Any] = []
+    if isinstance(state.get("versions"), list):
+        found += state["versions"]
+    for change in state.get("changes") or []:
+        changed = change.get("changed") if isinstance(change, Mapping) else None
+        pair = changed.get("versions") if isinstance(changed, Mapping) else None
+        for side in pair if isinstance(pair, list) else []:
+            found += side if isinstance(side, list) else [side]
+    return [v for v in found if isinstance(v, str)]
+
+
+def require_named_datasets(who: Principal, versions: Iterable[str]) -> None:
+    """403 when one of ``versions`` (``dataset@N``) is of a dataset outside ``who``'s
+    allow-list, whether that dataset exists or not.
+
+    The audit recomputes epoch sizes from the versions a run's checkpoints name: naming
+    another dataset's would make it tell that dataset's sizes (or that it does not exist)
+    to a token that may not read it. Ids without ``@`` (a reader of a local path) name no
+    dataset of the server.
+    """
+    if who.datasets is None:
+        return
+    for version in versions:
+        if "@" in version:
+            who.require_dataset(version.rpartition("@")[0])
 
 
 def require_writable(session: Session, who: Principal, run: RunRow) -> None:

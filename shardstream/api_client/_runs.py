@@ -142,13 +142,14 @@ class RunsAPI(APISession):
         path = f"/v1/runs/{run_id}/attempts"
         return self._model(AttemptPublic, self.request("POST", path, json=json_body(body)))
 
-    def list_attempts(self, run_id: int) -> list[AttemptPublic]:
-        """The run's attempts (its ledger of starts), in order."""
-        rows = self.request("GET", f"/v1/runs/{run_id}/attempts").json()
-        return [AttemptPublic.model_validate(r) for r in rows]
+    def list_attempts(self, run_id: int, *, page_size: int = 100) -> list[AttemptPublic]:
+        """The run's attempts (its ledger of starts) by number, fetched a page at a time."""
+        return list(self._pages(f"/v1/runs/{run_id}/attempts", AttemptPublic, limit=page_size))
 
     def audit_run(self, run_id: int) -> dict[str, Any]:
-        """The audit of the run's effective history (``ok``: proven; see docs/server.md)."""
+        """The audit of the run's effective history (``ok``: proven; see docs/server.md).
+        Its lists hold their first entries beside their full counts (``attempt_count``...);
+        :meth:`list_attempts` has every attempt."""
         report: dict[str, Any] = self.request("GET", f"/v1/runs/{run_id}/audit").json()
         return report
 

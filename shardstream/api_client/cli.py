@@ -8,7 +8,8 @@ server filters every list by the token's datasets.
     shardstream datasets list
     shardstream datasets show corpus@2
     shardstream runs show 7 --json
-    shardstream runs audit 7          # exit status 1 unless the run's history is proven
+    shardstream runs audit 7          # exit status 0 proven, 1 not, 3 so far, 4 cannot tell
+    shardstream runs attempts 7       # every start of the run, a page of the ledger at a time
     shardstream tokens create trainer --scope write --dataset corpus
 """
 
@@ -57,9 +58,13 @@ def register(subparsers: Any) -> None:
         "audit",
         parents=[common],
         help="prove from the run's ledger that every batch was consumed once, in order "
-        "(exit status 1 when anything does not hold)",
+        "(exit status 0 proven, 1 not proven, 3 proven so far, 4 cannot be proven)",
     )
     audit.add_argument("run", type=int, metavar="RUN")
+    attempts = verbs.add_parser(
+        "attempts", parents=[common], help="every start of a run (its ledger), in order"
+    )
+    attempts.add_argument("run", type=int, metavar="RUN")
     runs.set_defaults(handler=_runs)
 
     tokens = subparsers.add_parser("tokens", help="list, create and revoke API tokens (admin)")
@@ -120,6 +125,11 @@ def _runs(args: argparse.Namespace) -> int:
             return _out(args, rows, cols)
         if args.verb == "audit":
             return _audit(args, api.audit_run(args.run))
+        if args.verb == "attempts":
+            ledger = [a.model_dump(mode="json") for a in api.list_attempts(args.run)]
+            if args.json:
+                return _print_json(ledger)
+            return _out(args, [_attempt_row(a) for a in ledger], ATTEMPT_COLUMNS)
         run = _run_row(api.get_run(args.run).model_dump(mode="json"))
         checkpoints = [c.model_dump(mode="json") for c in api.list_checkpoints(args.run)]
         # The table lists the slowest ranks; --json has every rank (fetched a page at a time).
@@ -149,38 +159,66 @@ def _runs(args: argparse.Namespace) -> int:
         return 0
 
 
+AUDIT_EXIT_STATUS = {"proven": 0, "not_proven": 1, "proven_so_far": 3, "cannot_prove": 4}
+"""``runs audit``'s exit status per verdict (docs/server.md, *The audit*)."""
+
+
 def _audit(args: argparse.Namespace, report: dict[str, Any]) -> int:
-    """Print the audit (``--json``: as the server sends it); 0 only when it is proven."""
-    status = 0 if report.get("ok") else 1
+    """Print the audit (``--json``: as the server sends it); the exit status names the
+    verdict: 0 proven, 1 not proven, 3 proven so far (the run is not marked completed),
+    4 cannot be proven (within the server's bound, or without its plan)."""
+    verdict = report.get("verdict") or ("proven_so_far" if report.get("ok") else "not_proven")
+    status = AUDIT_EXIT_STATUS.get(verdict, 1)
     if args.json:
         _print_json(report)
         return status
-    verdict = "PROVEN" if report.get("ok") else "NOT PROVEN"
+    text = report.get("verdict_text") or verdict.replace("_", " ").upper()
     print(
-        f"run {report['run']}: {verdict}: {report['checkpoints']} checkpoints, latest step "
+        f"run {report['run']}: {text}: {report['checkpoints']} checkpoints, latest step "
         f"{report['latest_step']}, {report['samples_per_step']} samples per step"
     )
+    for reason in report.get("unproven", []):
+        print(f"  cannot be proven: {reason}")
     for epoch in report.get("epochs", []):
         size = "?" if epoch["samples"] is None else epoch["samples"]
         state = "complete" if epoch["complete"] else "in progress"
         print(f"  epoch {epoch['epoch']}: {epoch['consumed_to']} of {size} samples, {state}")
+    _more(report, "epochs", "epoch_count", "the verdict covers them all")
     print()
-    rows = [
-        {**a, "resumed_from": _resumed(a), "rolled_back": a["rolled_back_from"]}
-        for a in report.get("attempts", [])
-    ]
-    _out(args, rows, ["number", "world_size", "workers", "resumed_from", "rolled_back",
-                      "created_at"])  # fmt: skip
+    rows = [_attempt_row(a) for a in report.get("attempts", [])]
+    _out(args, rows, ATTEMPT_COLUMNS)
+    _more(report, "attempts", "attempt_count", f"shardstream runs attempts {report['run']}")
     for change in report.get("plan_changes", []):
         names = ", ".join(sorted(change.get("changed", {})))
         print(f"plan change by attempt {change['attempt']} at epoch {change.get('epoch')}, "
               f"batch {change.get('batch')}: {names}")  # fmt: skip
+    every = f"shardstream runs attempts {report['run']} --json has every attempt's changes"
+    _more(report, "plan_changes", "plan_change_count", every)
     failures = report.get("failures", [])
     if failures:
         print(f"\n{report['failure_count']} failure(s):")
         for failure in failures:
             print(f"  - {failure}")
     return status
+
+
+ATTEMPT_COLUMNS = ["number", "world_size", "workers", "resumed_from", "rolled_back", "created_at"]
+
+
+def _attempt_row(attempt: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **attempt,
+        "resumed_from": _resumed(attempt),
+        "rolled_back": attempt["rolled_back_from"],
+    }
+
+
+def _more(report: dict[str, Any], key: str, count_key: str, where: str) -> None:
+    """A line saying how many of the audit's ``key`` its answer left out (it lists the
+    first ones of a long list, beside the full count)."""
+    shown, total = len(report.get(key, [])), report.get(count_key)
+    if isinstance(total, int) and total > shown:
+        print(f"... the first {shown} of {total} {key.replace('_', ' ')}; {where}")
 
 
 def _resumed(attempt: dict[str, Any]) -> str:

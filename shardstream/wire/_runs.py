@@ -8,8 +8,9 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from ._fields import MAX_INT, Count, Name, PlanObject, PublicModel, StrictModel
+from ._fields import MAX_INT, Name, PublicModel, StrictModel
 from ._input_stats import InputStatsReport, RunInputSummary
+from ._run_bounds import AttemptChanges, BoundedPlan, Epoch, SampleInEpoch, Step
 
 
 class RunStatus(str, Enum):
@@ -36,7 +37,7 @@ class RunCreate(StrictModel):
     sources: Annotated[list[RunSource], Field(min_length=1, max_length=256)]
     seed: Annotated[int, Field(ge=0, le=MAX_INT)] = 0
     global_batch_size: Annotated[int, Field(ge=1, le=MAX_INT)]
-    plan: PlanObject = Field(default_factory=dict)
+    plan: BoundedPlan = Field(default_factory=dict)
 
 
 class RunUpdate(StrictModel):
@@ -78,10 +79,10 @@ class CheckpointCreate(StrictModel):
     """A run's data position at a training step; ``attempt``: the attempt committing it
     (the number the server gave at registration; None from clients before the ledger)."""
 
-    step: Count
-    epoch: Count
-    sample_in_epoch: Count
-    plan: PlanObject = Field(default_factory=dict)
+    step: Step
+    epoch: Epoch
+    sample_in_epoch: SampleInEpoch
+    plan: BoundedPlan = Field(default_factory=dict)
     attempt: AttemptNumber | None = None
     stats: InputStatsReport | None = None
     """The committing rank's input figures since its previous commit (not part of the
@@ -105,9 +106,9 @@ class ResumePoint(StrictModel):
     """Where an attempt's data starts: a position, and the trainer's step when it knows it
     (the step of the model checkpoint it restored)."""
 
-    step: Count | None = None
-    epoch: Count
-    sample_in_epoch: Count
+    step: Step | None = None
+    epoch: Epoch
+    sample_in_epoch: SampleInEpoch
 
 
 class AttemptCreate(StrictModel):
@@ -126,7 +127,7 @@ class AttemptCreate(StrictModel):
     resume: ResumePoint | None = None
     algorithm: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
     fingerprint: Annotated[str, Field(max_length=64, pattern=r"^[0-9a-f]*$")] | None = None
-    changes: Annotated[list[PlanObject], Field(max_length=64)] = Field(default_factory=list)
+    changes: AttemptChanges = Field(default_factory=list)
     versions: Annotated[list[VersionId], Field(max_length=256)] | None = None
     global_batch_size: Annotated[int, Field(ge=1, le=MAX_INT)] | None = None
 

@@ -10,10 +10,9 @@ from sqlalchemy.orm import Session
 from shardstream.errors import ConflictError
 from shardstream.server.api.deps import ERRORS, Cursor, Limit, Reader, RunId, SessionDep, Writer
 from shardstream.server.data import attempts as attempts_data
-from shardstream.server.data import audit as audit_data
+from shardstream.server.data import audit_answer, mixture_history
 from shardstream.server.data import checkpoints as checkpoints_data
 from shardstream.server.data import input_stats as input_stats_data
-from shardstream.server.data import mixture_history
 from shardstream.server.data import runs as data
 from shardstream.wire import (
     AttemptCreate,
@@ -91,6 +90,7 @@ def commit_checkpoint(
 ) -> CheckpointPublic:
     """Commit the data position at a step: 201 new, 200 same state again, 409 otherwise;
     403 unless the caller owns the run or is an admin over all its datasets."""
+    data.require_named_datasets(who, data.named_versions(body.plan))
     metric = request.app.state.metrics.checkpoint_commits
     try:
         checkpoint, result = checkpoints_data.commit(session, run_id, body, who=who)
@@ -147,6 +147,8 @@ def register_attempt(
     and the loader's position disagree, when the loader reads other versions or global
     batches than the run, or when ranks of one start disagree (the attempt is then marked
     disputed: none of its commits is accepted)."""
+    named = {"versions": body.versions, "changes": body.changes}
+    data.require_named_datasets(who, data.named_versions(named))
     try:
         attempt, created = attempts_data.register(session, run_id, body, who=who)
     except attempts_data.DisputedError as exc:
@@ -160,19 +162,22 @@ def register_attempt(
 
 
 @router.get("/{run_id}/attempts")
-def list_attempts(run_id: RunId, session: SessionDep, who: Reader) -> list[AttemptPublic]:
-    """The run's attempts (its ledger of starts), in order."""
+def list_attempts(
+    run_id: RunId, session: SessionDep, who: Reader, cursor: Cursor = None, limit: Limit = 100
+) -> Page[AttemptPublic]:
+    """The run's attempts (its ledger of starts) by number, a page at a time."""
     data.require_readable(session, who, run_id)
-    return [attempts_data.to_public(a) for a in attempts_data.all_of(session, run_id)]
+    return attempts_data.page(session, run_id, cursor=cursor, limit=limit)
 
 
 @router.get("/{run_id}/audit")
 def audit_run(run_id: RunId, session: SessionDep, who: Reader) -> dict[str, Any]:
     """Whether the run's effective history consumed every global batch of each epoch
     exactly once and in the plan's order (``ok``), with the failures, the attempts,
-    rollbacks and plan changes (see docs/server.md, "The audit")."""
+    rollbacks and plan changes, each list cut to its first entries beside its full count
+    (see docs/server.md, "The audit")."""
     data.require_readable(session, who, run_id)
-    return audit_data.audit(session, run_id)
+    return audit_answer.audit(session, run_id)
 
 
 RankLimit = Annotated[
