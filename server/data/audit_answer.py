@@ -1,11 +1,11 @@
 """The audit's answer, bounded: what ``GET /v1/runs/{id}/audit`` and the run page show.
 
-The audit is one report, not a page, and it lists the run's attempts with their plan
-changes, its history segments, epochs, rollbacks and failures: for a run of 10,000
-attempts it once answered 175 MiB to a read token. Each list keeps its first entries
-within about a megabyte in all (:func:`~.paging.capped_lists`), beside its full count
-(``attempt_count``, ``plan_change_count``...); every attempt is in the paged
-``GET /v1/runs/{id}/attempts``.
+The audit is one report, not a page, and it lists every attempt of the run with its plan
+changes, and its rollbacks: for a run of 10,000 attempts it once answered 175 MiB to a
+read token. Each of those lists keeps its first entries (at most 100, within about a
+megabyte for the three; :func:`~.paging.capped_lists`) beside its full count
+(``attempt_count``, ``plan_change_count``, ``rollback_count``); every attempt is in the
+paged ``GET /v1/runs/{id}/attempts``.
 """
 
 from __future__ import annotations
@@ -18,14 +18,12 @@ from . import audit as audit_data
 from .paging import capped_lists
 
 LIST_COUNTS = {
-    "failures": "failure_count",
     "attempts": "attempt_count",
     "plan_changes": "plan_change_count",
     "rollbacks": "rollback_count",
-    "history": "history_count",
-    "epochs": "epoch_count",
 }
-"""Each list of the report, and the field that keeps its full count."""
+"""The report's lists that grow with the run's attempts, and the field that keeps each
+one's full count (the audit itself bounds its failures, epochs and history segments)."""
 
 
 def audit(session: Session, run_id: int) -> dict[str, Any]:
