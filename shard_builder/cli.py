@@ -40,6 +40,13 @@ def register(subparsers: Any) -> None:
         "read time (PackOptions); --seq-len is then unused",
     )
     text.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="leave out bad lines (not a JSON object, no text field, not a string; null "
+        "Parquet rows) and report them: counted, the first named with file:line (default: "
+        "stop at the first, naming it)",
+    )
+    text.add_argument(
         "--prompt-field",
         metavar="FIELD",
         help="with --documents: chat/SFT records; a document is this field's prompt then "
@@ -192,6 +199,7 @@ def _run_text(args: argparse.Namespace) -> int:
             seq_len=args.seq_len,
             documents=args.documents,
             prompt_field=args.prompt_field,
+            skip_bad=args.skip_bad,
             chunk_bytes=parse_size(args.chunk_bytes) if args.chunk_bytes else DEFAULT_CHUNK_BYTES,
             **_output_options(args, output),
         )

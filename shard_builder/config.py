@@ -167,6 +167,11 @@ class TextBuildConfig(OutputOptions):
     """With ``documents``: records are chat/SFT pairs, ``prompt_field`` then ``field`` (the
     response); a document is prompt + response + EOS, with a ``loss_mask`` column (uint8)
     that is 1 on the response and its EOS, 0 on the prompt."""
+    skip_bad: bool = False
+    """Leave out bad records (a line that is no JSON object, lacks ``field`` or holds no
+    string there; a Parquet row whose field is null) instead of stopping at the first:
+    they are counted, and the first few named (file:line, or file and row) in the result
+    and ``shardstream.json``. Fixed-length local builds only so far."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -190,6 +195,11 @@ class TextBuildConfig(OutputOptions):
             raise ConfigError(
                 f"prompt-field {self.prompt_field!r} must name another field than the "
                 f"response field {self.field!r}"
+            )
+        if self.skip_bad and self.documents:
+            raise ConfigError(
+                "skip-bad works for fixed-length builds so far, not with --documents: fix "
+                "or remove the bad lines (the error names the first), or leave out --documents"
             )
         if self.documents and self.column == MASK_COLUMN:
             raise ConfigError(f"column {MASK_COLUMN!r} is the loss mask's; name the tokens another")
@@ -268,7 +278,7 @@ def content_options(config: OutputOptions) -> dict[str, Any]:
         del out["block_size"]  # the same for builds made before the option
     if out.get("piece_size") == DEFAULT_PIECE_SIZE:
         out.pop("piece_size")  # the same for builds made before the option
-    for name in ("documents", "prompt_field"):
+    for name in ("documents", "prompt_field", "skip_bad"):
         if name in out and not out[name]:
             del out[name]  # the same for token builds made before document builds
     return out

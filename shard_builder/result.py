@@ -105,8 +105,11 @@ class BuildResult:
             text += f" in {secs:.1f}s ({self.samples / secs:,.0f} samples/s, {mb / secs:,.1f} MB/s)"
         if self.kind == "text":
             text += f"; {self.tokens:,} tokens, {self.dropped_tokens} dropped at the end"
-        if self.skipped:
-            text += f"; {len(self.skipped)} bad inputs skipped"
+        skipped = int(self.metadata.get("skipped_count", len(self.skipped)))
+        if skipped:
+            text += f"; {skipped} bad inputs skipped"
+            if skipped > len(self.skipped):  # a text build names the first few
+                text += f" (the first {len(self.skipped)} named below)"
         if self.reused_shards and secs is not None:
             text += f"; {self.reused_shards} shards reused from an earlier run"
         for note in self.metadata.get("notes", []):  # what the build chose by default

@@ -33,7 +33,8 @@ from shardstream.shard_builder.journal import fingerprint
 from shardstream.shard_builder.packing import StreamPosition, TokenPacker
 from shardstream.shard_builder.pipeline import BuildKind, BuildRun, run_build
 from shardstream.shard_builder.result import BuildResult
-from shardstream.shard_builder.text_source import TextChunk, plan_chunks, read_docs
+from shardstream.shard_builder.skipped_lines import SkippedLines
+from shardstream.shard_builder.text_source import BadRecords, TextChunk, plan_chunks, read_docs
 from shardstream.shard_builder.tokenize import TokenizerSpec, token_dtype
 
 TEXT_SUFFIXES = (".jsonl", ".json", ".ndjson", ".parquet", ".pq")
@@ -48,14 +49,17 @@ class ChunkTask:
     field: str
     tokenizer: TokenizerSpec
     dtype: str
+    skip_bad: bool = False
 
 
 @dataclass(frozen=True)
 class ChunkTokens:
-    """A chunk's token stream (every document + EOS) and its document count."""
+    """A chunk's token stream (every document + EOS), its document count and, with
+    ``skip_bad``, the bad records it left out."""
 
     tokens: npt.NDArray[Any]
     documents: int
+    bad: BadRecords | None = None
 
 
 def tokenize_chunk(task: ChunkTask) -> ChunkTokens:
@@ -63,12 +67,13 @@ def tokenize_chunk(task: ChunkTask) -> ChunkTokens:
     tokenizer = task.tokenizer.load()
     parts: list[npt.NDArray[Any]] = []
     documents = 0
-    for docs in read_docs(task.chunk, task.field):
+    bad = BadRecords() if task.skip_bad else None
+    for docs in read_docs(task.chunk, task.field, bad):
         if docs:
             parts.append(tokenizer.encode_docs(docs).astype(task.dtype, copy=False))
             documents += len(docs)
     tokens = np.concatenate(parts) if parts else np.empty(0, task.dtype)
-    return ChunkTokens(tokens, documents)
+    return ChunkTokens(tokens, documents, bad)
 
 
 @dataclass(frozen=True)
@@ -148,6 +153,7 @@ class TextKind(BuildKind):
         )
         self.position = StreamPosition(0, 0, 0)  # where this run starts
         self.tokens = self.documents = self.dropped = 0
+        self.skipped = SkippedLines()  # --skip-bad: the bad records left out
 
     def make_columns(self) -> dict[str, str]:
         """The shards' columns."""
@@ -177,9 +183,11 @@ class TextKind(BuildKind):
         resume = run.resume
         self.position = StreamPosition.from_dict(resume["stream"]) if resume else self.position
         self.documents = int(resume.get("documents_before_chunk", 0))
+        self.skipped.restore(resume.get("skipped_before_chunk"))
         self.tokens = self.position.tokens_before
         if run.final:
             self.documents, self.dropped = resume["docs"], resume["dropped"]
+            self.skipped.restore(resume.get("skipped"))
         self.open_encoder()
         return self.position.chunk
 
@@ -193,7 +201,7 @@ class TextKind(BuildKind):
 
     # Typed as the pipeline's (Any): a document build swaps this encoder for its own.
     def task(self, number: int, unit: Any) -> Any:
-        return ChunkTask(unit, self.config.field, self.spec, self.dtype.name)
+        return ChunkTask(unit, self.config.field, self.spec, self.dtype.name, self.config.skip_bad)
 
     @staticmethod
     def work(task: Any) -> Any:
@@ -204,8 +212,11 @@ class TextKind(BuildKind):
         column = self.config.column
         for block, pos in self._packer.add(number, result.tokens):
             resume = {"stream": pos.to_dict(), "documents_before_chunk": self.documents}
+            if self.config.skip_bad:
+                resume["skipped_before_chunk"] = self.skipped.state()
             run.store_arrays(resume, self.columns, {column: block})
         self.documents += result.documents
+        self.skipped.take(self.units[number], result.bad)
         # Whole sequences so far: the rate users care about, before a shard ends.
         seq_len = self.config.seq_len
         sequences = (self._packer.tokens_seen - self.position.tokens_before) // seq_len
@@ -221,15 +232,21 @@ class TextKind(BuildKind):
     def final_resume(self) -> dict[str, Any]:
         """The journal record of the last shard: the end of the stream and the final counts."""
         end = StreamPosition(len(self.units), 0, self.tokens)
-        return {
+        final = {
             "stream": end.to_dict(),
             "final": True,
             "dropped": self.dropped,
             "docs": self.documents,
         }
+        if self.config.skip_bad:
+            final["skipped"] = self.skipped.state()
+        return final
 
     def empty_error(self) -> InputError:
-        return too_little_input(self.config, self.source.names, self.documents, self.tokens)
+        error = too_little_input(self.config, self.source.names, self.documents, self.tokens)
+        if self.skipped.count:
+            return InputError(f"{error} ({self.skipped.count} bad lines skipped)")
+        return error
 
     def metadata(self, run: BuildRun) -> dict[str, Any]:
         layout = (
@@ -248,7 +265,14 @@ class TextKind(BuildKind):
             "dropped_tokens": self.dropped,
             "config": content_options(self.config),
             "lineage": self.source.lineage,
+            **self._skipped_metadata(),
         }
+
+    def _skipped_metadata(self) -> dict[str, Any]:
+        if not self.config.skip_bad:
+            return {}
+        named = [{"source": b.source, "reason": b.reason} for b in self.skipped.named]
+        return {"skipped": named, "skipped_count": self.skipped.count}
 
 
 def too_little_input(

@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -97,22 +98,53 @@ def _parquet_chunks(path: Path, size: int, field: str) -> Iterator[TextChunk]:
         first_row += meta.row_group(rg).num_rows
 
 
-def read_docs(chunk: TextChunk, field: str) -> Iterator[list[str]]:
-    """The chunk's documents in order, in batches; :class:`InputError` names file and line/row."""
-    for records in read_records(chunk, (field,)):
+NAMED_BAD_RECORDS = 10
+"""Bad records a build names (file and line or row, and why); it counts all of them."""
+
+
+@dataclass
+class BadRecords:
+    """A chunk's records left out (``skip_bad``): how many, and the first
+    :data:`NAMED_BAD_RECORDS` by where they start (a JSONL line's byte offset, or a Parquet
+    row) with what is wrong. Offsets, not line numbers: a chunk starts mid-file, and only
+    the lines a build names are worth counting the lines before."""
+
+    count: int = 0
+    first: list[tuple[int, str]] = dataclass_field(default_factory=list)
+
+    def add(self, where: int, problem: str) -> None:
+        """Count one bad record, and keep it by name while fewer than the limit are."""
+        self.count += 1
+        if len(self.first) < NAMED_BAD_RECORDS:
+            self.first.append((where, problem))
+
+
+def read_docs(chunk: TextChunk, field: str, bad: BadRecords | None = None) -> Iterator[list[str]]:
+    """The chunk's documents in order, in batches; :class:`InputError` names file and
+    line/row of the first bad record, or with ``bad`` given, bad records go there."""
+    for records in read_records(chunk, (field,), bad):
         yield [r[0] for r in records]
 
 
-def read_records(chunk: TextChunk, fields: tuple[str, ...]) -> Iterator[list[tuple[str, ...]]]:
+def read_records(
+    chunk: TextChunk, fields: tuple[str, ...], bad: BadRecords | None = None
+) -> Iterator[list[tuple[str, ...]]]:
     """The chunk's records in order, in batches, each as its string ``fields`` (e.g.
-    ``("prompt", "response")``); :class:`InputError` names file and line/row."""
+    ``("prompt", "response")``); :class:`InputError` names file and line/row of the first
+    bad record, or with ``bad`` given, bad records are left out and counted there."""
     if chunk.kind == "parquet":
-        yield from _parquet_docs(chunk, fields)
+        yield from _parquet_docs(chunk, fields, bad)
     else:
-        yield _jsonl_docs(chunk, fields)
+        yield _jsonl_docs(chunk, fields, bad)
 
 
-def _jsonl_docs(chunk: TextChunk, fields: tuple[str, ...]) -> list[tuple[str, ...]]:
+class _BadLineError(Exception):
+    """What is wrong with one JSONL line (its place is the caller's)."""
+
+
+def _jsonl_docs(
+    chunk: TextChunk, fields: tuple[str, ...], bad: BadRecords | None
+) -> list[tuple[str, ...]]:
     with open(chunk.path, "rb") as fh:
         fh.seek(chunk.start)
         data = fh.read(chunk.end - chunk.start)
@@ -122,62 +154,68 @@ def _jsonl_docs(chunk: TextChunk, fields: tuple[str, ...]) -> list[tuple[str, ..
         line_start, offset = offset, offset + len(line) + 1
         if not line.strip():
             continue  # blank lines (and the one after a trailing newline) carry no document
-        obj = _parse_line(line, chunk.path, line_start)
-        texts = []
-        for field in fields:
-            if not isinstance(obj, dict) or field not in obj:
-                keys = ", ".join(obj) if isinstance(obj, dict) else type(obj).__name__
-                hint = "use --field" if len(fields) == 1 else "use --prompt-field/--response-field"
-                raise _line_error(
-                    chunk.path, line_start, f"no field {field!r} (found: {keys}); {hint}"
-                )
-            text = obj[field]
-            if not isinstance(text, str):
-                raise _line_error(
-                    chunk.path,
-                    line_start,
-                    f"field {field!r} is {type(text).__name__}, not a string",
-                )
-            texts.append(text)
-        docs.append(tuple(texts))
+        try:
+            docs.append(_fields_of(_parse_line(line), fields))
+        except _BadLineError as exc:
+            if bad is None:
+                raise _line_error(chunk.path, line_start, str(exc)) from None
+            bad.add(line_start, str(exc))
     return docs
+
+
+def _fields_of(obj: Any, fields: tuple[str, ...]) -> tuple[str, ...]:
+    texts = []
+    for field in fields:
+        if not isinstance(obj, dict) or field not in obj:
+            keys = ", ".join(obj) if isinstance(obj, dict) else type(obj).__name__
+            hint = "use --field" if len(fields) == 1 else "use --prompt-field/--response-field"
+            raise _BadLineError(f"no field {field!r} (found: {keys}); {hint}")
+        text = obj[field]
+        if not isinstance(text, str):
+            raise _BadLineError(f"field {field!r} is {type(text).__name__}, not a string")
+        texts.append(text)
+    return tuple(texts)
 
 
 # A \uD800-\uDFFF escape: only in JSON text can a string hold a lone surrogate.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
-def _parse_line(line: bytes, path: Path, offset: int) -> Any:
+def _parse_line(line: bytes) -> Any:
     """The JSON value of one line; bad JSON, JSON nested deeper than the parser follows
     (a RecursionError) and a lone surrogate escape (valid JSON, but no Unicode text: the
-    tokenizer failed on it) are one :class:`InputError` naming the file and line."""
+    tokenizer failed on it) are one :class:`_BadLineError` saying which."""
     try:
         obj = json.loads(line)
     except ValueError as exc:
-        raise _line_error(
-            path, offset, f"invalid JSON ({exc}); text input is JSON Lines: one object per line"
+        raise _BadLineError(
+            f"invalid JSON ({exc}); text input is JSON Lines: one object per line"
         ) from None
     except RecursionError:
-        raise _line_error(path, offset, "JSON nested too deeply to read") from None
+        raise _BadLineError("JSON nested too deeply to read") from None
     if _SURROGATE_ESCAPE.search(line) is not None:  # rare: checked only where one may be
         try:
             json.dumps(obj, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError as exc:
-            bad = f"\\u{ord(exc.object[exc.start]):04x}"
-            raise _line_error(
-                path, offset, f"a lone surrogate {bad} in a string: not Unicode text"
-            ) from None
+            char = f"\\u{ord(exc.object[exc.start]):04x}"
+            raise _BadLineError(f"a lone surrogate {char} in a string: not Unicode text") from None
     return obj
+
+
+def line_number(path: Path, offset: int) -> int:
+    """The number (from 1) of the line starting at byte ``offset`` of ``path``."""
+    with open(path, "rb") as fh:
+        return fh.read(offset).count(b"\n") + 1
 
 
 def _line_error(path: Path, offset: int, problem: str) -> InputError:
     # Line numbers are counted only when something is wrong: chunks start mid-file.
-    with open(path, "rb") as fh:
-        line_no = fh.read(offset).count(b"\n") + 1
-    return InputError(f"{path}:{line_no}: {problem}")
+    return InputError(f"{path}:{line_number(path, offset)}: {problem}")
 
 
-def _parquet_docs(chunk: TextChunk, fields: tuple[str, ...]) -> Iterator[list[tuple[str, ...]]]:
+def _parquet_docs(
+    chunk: TextChunk, fields: tuple[str, ...], bad: BadRecords | None
+) -> Iterator[list[tuple[str, ...]]]:
     pf = _open_parquet(chunk.path)
     row = chunk.first_row
     try:
@@ -185,15 +223,17 @@ def _parquet_docs(chunk: TextChunk, fields: tuple[str, ...]) -> Iterator[list[tu
             batch_size=_PARQUET_BATCH_ROWS, row_groups=[chunk.start], columns=list(fields)
         )
         for batch in batches:
-            values = []
-            for at, field in enumerate(fields):
-                column = batch.column(at)
-                if column.null_count:
-                    bad = row + column.is_null().to_pylist().index(True)
-                    raise InputError(f"{chunk.path}: row {bad}: field {field!r} is null")
-                values.append(column.to_pylist())
-            docs: list[tuple[str, ...]] = list(zip(*values, strict=True))
-            row += len(docs)
+            values = [batch.column(at).to_pylist() for at in range(len(fields))]
+            docs: list[tuple[str, ...]] = []
+            for at, record in enumerate(zip(*values, strict=True)):
+                if None in record:
+                    problem = f"field {fields[record.index(None)]!r} is null"
+                    if bad is None:
+                        raise InputError(f"{chunk.path}: row {row + at}: {problem}")
+                    bad.add(row + at, problem)
+                    continue
+                docs.append(record)
+            row += batch.num_rows
             yield docs
     except InputError:
         raise

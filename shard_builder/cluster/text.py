@@ -67,6 +67,11 @@ def build_text_on_ray(
             RayOptions(address="auto"),
         )
     """
+    if config.skip_bad:
+        raise ConfigError(
+            "--skip-bad is not available with --ray yet: build without --ray, or fix or "
+            "remove the bad lines (a build without --skip-bad names the first)"
+        )
     url_inputs = any(is_url(name) for name in config.inputs)
     if config.documents and (dataset is not None or url_inputs):
         raise ConfigError(
