@@ -31,6 +31,12 @@ __all__ = [
     "read_options",
 ]
 
+MAX_PACKED_POSITIONS = 2**31 - 1
+"""The most positions a packed batch holds (rows x seq_len): ``position_ids`` and
+``cu_seqlens`` are int32."""
+MAX_TOKEN_ID = 2**63 - 1
+"""The largest ``pad_id``/``eos_id`` (int64); a token column's dtype may bound it lower."""
+
 TailPolicy = Literal["drop", "pad"]
 UnverifiedBlocks = Literal["whole_shard", "verify_on_completion", "refuse"]
 
@@ -128,9 +134,12 @@ class PackOptions:
     The dataset's ``column`` (default ``"tokens"``) holds one token array per document
     (``shardstream build text --documents``); each batch of ``batch_size`` documents per
     rank becomes rows of ``input_ids``, ``position_ids`` (restarting at 0 in every
-    document), ``doc_ids`` (a document's index in its group, -1 on padding), ``cu_seqlens``
-    (int32 boundaries of every document and padding run of the flattened rows, for varlen
-    attention) and ``loss_mask`` when the dataset has ``mask_column`` (padding 0).
+    segment: a document, or each ``seq_len`` piece of a longer one), ``doc_ids`` (a
+    document's index in its group, -1 on padding), ``cu_seqlens`` (int32 boundaries of
+    every segment and padding run of the flattened rows, for varlen attention),
+    ``truncated_tokens`` (tokens of the batch's documents that no row holds) and
+    ``loss_mask`` when the dataset has ``mask_column`` (padding 0): a column of 0/1 values
+    (uint8, int8 or bool), one per token of its document, else the batch is refused.
 
     Packing works on *groups* of ``group`` consecutive documents of the epoch's global
     order (default: the per-rank batch size): each group is packed alone into ``rows``
@@ -138,9 +147,11 @@ class PackOptions:
     ``"greedy"`` (next-fit) or ``"first_fit"``. The rows are therefore a function of the
     global order only: a resume on any world size whose per-rank batch is a multiple of
     ``group`` and any worker count continues with exactly the same rows. With fixed
-    ``rows``, tokens that do not fit are truncated. ``eos_id``, when given, is appended
-    to every document that does not already end with it (document builds store each
-    document with its EOS). A document longer than ``seq_len`` is cut into pieces.
+    ``rows``, tokens that do not fit are truncated: counted in the batch, the loader's
+    ``stats()`` and the run's input figures, and warned about once past 1 %.
+    ``eos_id``, when given, is appended to every document that does not already end with
+    it (document builds store each document with its EOS). A document longer than
+    ``seq_len`` is cut into pieces.
     See docs/training.md "Packing and masks" and docs/plan.md "Packing".
     """
 
@@ -154,8 +165,11 @@ class PackOptions:
     mask_column: str | None = "loss_mask"
 
     def __post_init__(self) -> None:
-        if self.seq_len < 1:
-            raise ConfigError(f"PackOptions.seq_len must be >= 1, got {self.seq_len}")
+        if not 1 <= self.seq_len <= MAX_PACKED_POSITIONS:
+            raise ConfigError(
+                f"PackOptions.seq_len must be 1..{MAX_PACKED_POSITIONS} (2**31 - 1: "
+                f"position_ids and cu_seqlens are int32), got {self.seq_len}"
+            )
         if self.method not in ("greedy", "first_fit"):
             raise ConfigError(
                 f"PackOptions.method must be 'greedy' or 'first_fit', got {self.method!r}"
@@ -164,8 +178,18 @@ class PackOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"PackOptions.{name} must be >= 1 or None, got {value}")
-        if self.pad_id < 0 or (self.eos_id is not None and self.eos_id < 0):
-            raise ConfigError("PackOptions.pad_id and eos_id must be token ids (>= 0)")
+        for name in ("pad_id", "eos_id"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_TOKEN_ID:
+                raise ConfigError(
+                    f"PackOptions.{name} must be a token id, 0..{MAX_TOKEN_ID} (2**63 - 1), "
+                    f"got {value}"
+                )
+        if self.mask_column is not None and self.mask_column == self.column:
+            raise ConfigError(
+                f"PackOptions.mask_column {self.mask_column!r} is the token column: a loss "
+                "mask is its own column of 0/1 values (uint8 or bool), one per token"
+            )
 
 
 def default_cache_dir() -> Path:

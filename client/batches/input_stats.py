@@ -26,7 +26,11 @@ steady state. What is counted, and where each counter's one home is:
   hits and misses (the caches' ``CacheStats``): read by :class:`ProcessCounters` in the
   process that builds batches, as differences since it started counting;
 * time building batches (wall and the building thread's CPU) and ring occupancy: counted
-  by that process per chunk.
+  by that process per chunk;
+* with read-time packing, the document tokens placed in rows and those truncated (fixed
+  ``rows`` that do not hold a group):
+  :func:`~shardstream.client.batches.packed.process_pack_counts`, read like the storage
+  and cache counters.
 
 Workers send their :class:`SourceCounters` with every chunk (a tuple of a dozen numbers);
 the main process keeps each worker's latest.
@@ -38,6 +42,7 @@ import bisect
 import dataclasses
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
@@ -45,6 +50,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardstream.client.batches.packed import process_pack_counts
 from shardstream.client.cache.shard_cache import process_cache_counts
 from shardstream.storage import storage_counters
 from shardstream.wire._input_stats import LATENCY_BUCKETS_S, percentiles
@@ -60,6 +66,7 @@ __all__ = [
     "SourceCounters",
     "Verdict",
     "percentiles",
+    "show_line",
     "verdict",
 ]
 
@@ -117,6 +124,10 @@ class SourceCounters:
     ring_slots: int = 0
     """Sum over chunks of the worker's ring slots (so occupancy = used / slots)."""
     chunks: int = 0
+    packed_tokens: int = 0
+    """Document tokens read-time packing placed in rows."""
+    truncated_tokens: int = 0
+    """Document tokens read-time packing cut because no row held them (fixed ``rows``)."""
 
     def __add__(self, other: SourceCounters) -> SourceCounters:
         pairs = zip(self.astuple(), other.astuple(), strict=True)
@@ -134,6 +145,12 @@ class SourceCounters:
     def busy(self) -> float | None:
         """Share of the building time on a CPU (None before any batch was built)."""
         return min(1.0, self.build_cpu_s / self.build_s) if self.build_s > 0 else None
+
+    @property
+    def truncated_share(self) -> float | None:
+        """Share of the packed documents' tokens truncated (None without packing)."""
+        seen = self.packed_tokens + self.truncated_tokens
+        return self.truncated_tokens / seen if seen else None
 
     @property
     def ring_occupancy(self) -> float | None:
@@ -159,6 +176,7 @@ class ProcessCounters:
         self._build_cpu_s = 0.0
         self._ring_used = self._ring_slots = self._chunks = 0
         self._cache_base = process_cache_counts()
+        self._pack_base = process_pack_counts()
         self._base = self._storage()
 
     def building(self) -> _Timer:
@@ -180,6 +198,9 @@ class ProcessCounters:
         hits, misses = (
             a - b for a, b in zip(process_cache_counts(), self._cache_base, strict=True)
         )
+        placed, truncated = (
+            a - b for a, b in zip(process_pack_counts(), self._pack_base, strict=True)
+        )
         return SourceCounters(
             storage_requests=requests,
             storage_bytes=nbytes,
@@ -193,6 +214,8 @@ class ProcessCounters:
             ring_used=self._ring_used,
             ring_slots=self._ring_slots,
             chunks=self._chunks,
+            packed_tokens=placed,
+            truncated_tokens=truncated,
         )
 
     @staticmethod
@@ -282,7 +305,7 @@ class InputStats:
         s = self.source
         busy = "-" if s.busy is None else f"{s.busy:.0%}"
         lat = "-" if self.latency_ms is None else "/".join(f"{v:g}" for v in self.latency_ms)
-        return (
+        line = (
             f"input: {self.verdict} wait {self.wait_share:.1%} "
             f"({self.data_wait_s:.2f}s of {self.data_wait_s + self.step_s:.2f}s, "
             f"{self.batches} batches) ready p50/p95/p99 {lat} ms; build busy {busy}; "
@@ -290,6 +313,11 @@ class InputStats:
             f"retries {s.retries} throttled {s.throttled}; peers {s.peer_bytes / 2**20:.1f} "
             f"MiB; cache {s.cache_hits} hit {s.cache_misses} miss"
         )
+        cut = s.truncated_share
+        if cut is not None:
+            seen = s.packed_tokens + s.truncated_tokens
+            line += f"; packing truncated {s.truncated_tokens} of {seen} tokens ({cut:.1%})"
+        return line
 
     def report(self, rank: int, world_size: int) -> dict[str, Any]:
         """The bounded summary sent with a checkpoint commit (a fixed set of numbers)."""
@@ -309,12 +337,25 @@ class InputStats:
             "peer_bytes": s.peer_bytes,
             "cache_hits": s.cache_hits,
             "cache_misses": s.cache_misses,
+            "packed_tokens": s.packed_tokens,
+            "truncated_tokens": s.truncated_tokens,
             "build_s": round(s.build_s, 6),
             "build_cpu_s": round(s.build_cpu_s, 6),
             "ring_occupancy": None if s.ring_occupancy is None else round(s.ring_occupancy, 4),
             "workers": self.workers,
             "verdict": self.verdict,
         }
+
+
+def show_line(line: str) -> None:
+    """Show a stats line the user asked for (``log_stats_every``): logged at INFO on
+    ``shardstream.client.stats`` where logging is set up to show it, else written to
+    stderr, so it is seen without configuring logging (Python's default shows WARNING
+    only, and the line is no warning)."""
+    if log.hasHandlers() and log.isEnabledFor(logging.INFO):
+        log.info("%s", line)
+    else:
+        print(line, file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -381,7 +422,7 @@ class InputMeter:
                     w.step_s += step
                     w.counts[bucket] += 1
                 if self.log_every and self._total.batches % self.log_every == 0:
-                    log.info("%s", self.stats().line())
+                    show_line(self.stats().line())
             returned = clock()
             yield batch
             asked = clock()

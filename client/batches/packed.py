@@ -7,24 +7,62 @@ group is packed alone by :func:`~shardstream.client.batches.packing.pack_lengths
 function of the global order, whatever the world size or worker count, and the resume
 state stays ``(epoch, batch)``. The packing parameters are part of the plan parameters
 (:meth:`Packer.params`), so a resume with other packing is refused.
+
+With a fixed number of ``rows``, what does not fit is truncated. It is never lost without
+a word: each batch carries its ``truncated_tokens``, this process counts placed and
+truncated tokens for the loader's input figures (:func:`process_pack_counts`, read like
+the storage and cache counters), and a packer warns once
+(:class:`PackingTruncationWarning`) when more than :data:`TRUNCATION_WARN_SHARE` of the
+document tokens it has seen were cut, naming the rows the documents need.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+import threading
+import warnings
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from shardstream.client.batches.batch import SAMPLE_ID, Allocator, ColumnSpec, numpy_allocator
-from shardstream.client.batches.packing import fill, pack_lengths
+from shardstream.client.batches.pack_checks import (
+    check_documents,
+    check_mask_encoding,
+    check_positions,
+    check_token_dtype,
+    encoded_dtype,
+)
+from shardstream.client.batches.packing import Layout, fill, pack_lengths
 from shardstream.client.options import PackOptions
 from shardstream.errors import ConfigError, ResumeError
 
-__all__ = ["PACKED_KEYS", "Packer"]
+__all__ = [
+    "PACKED_KEYS",
+    "TRUNCATION_WARN_SHARE",
+    "Packer",
+    "PackingTruncationWarning",
+    "process_pack_counts",
+]
 
-PACKED_KEYS = ("input_ids", "position_ids", "doc_ids", "cu_seqlens", "loss_mask")
+PACKED_KEYS = (
+    "input_ids",
+    "position_ids",
+    "doc_ids",
+    "cu_seqlens",
+    "loss_mask",
+    "truncated_tokens",
+)
+
+TRUNCATION_WARN_SHARE = 0.01
+"""Share of the document tokens truncated past which a packer warns (once)."""
+
+
+class PackingTruncationWarning(UserWarning):
+    """Fixed-``rows`` packing is cutting more than :data:`TRUNCATION_WARN_SHARE` of the
+    document tokens."""
 
 
 class Packer:
@@ -44,10 +82,18 @@ class Packer:
             )
         self.options = options
         self.mask = options.mask_column if options.mask_column in spec.encodings else None
+        if self.mask is not None:
+            check_mask_encoding(self.mask, spec.encodings[self.mask])
         self.batch_size = batch_size
         self.group = options.group or batch_size
         self._check_group(batch_size)
-        self._token_bytes = _encoded_itemsize(spec.encodings[options.column])
+        token_dtype = encoded_dtype(spec.encodings[options.column])
+        if token_dtype is not None:
+            check_token_dtype(options, token_dtype, options.column)
+        self._token_bytes = 8 if token_dtype is None else token_dtype.itemsize
+        self._dtype_checked = token_dtype is not None
+        self._seen = self._truncated = 0  # document tokens this packer saw, and cut
+        self._warned = False
 
     def _check_group(self, batch_size: int) -> None:
         if batch_size % self.group:
@@ -55,6 +101,14 @@ class Packer:
                 f"PackOptions.group {self.group} does not divide the per-rank batch size "
                 f"{batch_size}: packing groups must not straddle ranks; choose a group that "
                 "divides the batch size on every world size you may resume on"
+            )
+        rows = self.options.rows
+        if rows is not None:
+            check_positions(
+                batch_size // self.group * rows,
+                self.options.seq_len,
+                f"PackOptions(rows={rows}) for each group of {self.group} of the "
+                f"{batch_size} documents a rank's batch holds: lower seq_len or rows",
             )
 
     def params(self) -> dict[str, Any]:
@@ -93,10 +147,27 @@ class Packer:
             except ConfigError as exc:
                 raise ResumeError(f"cannot resume with this world size: {exc}") from None
 
-    def apply(self, batch: Mapping[str, Any], alloc: Allocator = numpy_allocator) -> dict[str, Any]:
-        """The packed columns of one rank batch (``sample_id`` kept when present)."""
+    def apply(
+        self,
+        batch: Mapping[str, Any],
+        alloc: Allocator = numpy_allocator,
+        where: Callable[[int], str] | None = None,
+    ) -> dict[str, Any]:
+        """The packed columns of one rank batch (``sample_id`` kept when present).
+
+        ``where(i)`` names the batch's ``i``-th document in an error (default: its
+        ``sample_id`` when the batch has one, else its place in the batch)."""
         docs = _documents(batch[self.options.column])
         masks = _documents(batch[self.mask]) if self.mask is not None else None
+        check_documents(
+            docs,
+            masks,
+            column=self.options.column,
+            mask_column=self.mask,
+            where=where or _default_where(batch),
+        )
+        if docs and not self._dtype_checked:  # the encoding named no dtype: check the data's
+            check_token_dtype(self.options, docs[0].dtype, self.options.column)
         eos = self.options.eos_id
         if eos is not None:
             docs, masks = _with_eos(docs, masks, eos)
@@ -108,6 +179,12 @@ class Packer:
                 pack_lengths(lengths, seq_len, rows=self.options.rows, method=self.options.method)
             )
         total = sum(layout.rows for layout in layouts)
+        check_positions(
+            total,
+            seq_len,
+            "the batch's documents need that many rows with PackOptions(rows=None): lower "
+            "seq_len, or fix rows",
+        )
         shape = (total, seq_len)
         out: dict[str, Any] = {
             "input_ids": alloc("input_ids", shape, dtype),
@@ -132,18 +209,78 @@ class Packer:
             bounds.append(packed.cu_seqlens[1:] + row * seq_len)
             row += layout.rows
         out["cu_seqlens"] = np.concatenate(bounds)
+        truncated = out["truncated_tokens"] = alloc("truncated_tokens", (), np.dtype(np.int64))
+        truncated[()] = self._count(layouts, docs)
         if SAMPLE_ID in batch:
             out[SAMPLE_ID] = batch[SAMPLE_ID]
         return out
 
+    def _count(self, layouts: list[Layout], docs: list[npt.NDArray[Any]]) -> int:
+        """Count the batch's placed and truncated tokens (this process's figures); warn
+        once past :data:`TRUNCATION_WARN_SHARE`. Returns the batch's truncated tokens."""
+        placed = sum(layout.tokens for layout in layouts)
+        truncated = sum(layout.truncated for layout in layouts)
+        _count_process(placed, truncated)
+        self._seen += placed + truncated
+        self._truncated += truncated
+        if not self._warned and self._truncated > TRUNCATION_WARN_SHARE * self._seen:
+            self._warned = True
+            warnings.warn(self._truncation_message(docs), PackingTruncationWarning, stacklevel=2)
+        return truncated
 
-def _encoded_itemsize(encoding: str) -> int:
-    """Bytes per token of an ``ndarray[:dtype[:shape]]`` column (8 if it names none)."""
-    parts = encoding.split(":")
-    try:
-        return np.dtype(parts[1]).itemsize if len(parts) > 1 else 8
-    except TypeError:
-        return 8
+    def _truncation_message(self, docs: list[npt.NDArray[Any]]) -> str:
+        o = self.options
+        needed = max(
+            pack_lengths(
+                [len(d) for d in docs[first : first + self.group]], o.seq_len, method=o.method
+            ).rows
+            for first in range(0, len(docs), self.group)
+        )
+        return (
+            f"read-time packing truncated {self._truncated:,} of {self._seen:,} document "
+            f"tokens ({self._truncated / self._seen:.1%}): PackOptions(rows={o.rows}) holds "
+            f"{o.rows} x {o.seq_len} tokens per group of {self.group} documents, and this "
+            f"batch's groups need up to {needed} rows to hold every token. Raise rows (or "
+            "lower group), or set rows=None to keep every token (the batch's row count then "
+            "varies); truncated tokens are counted in batch['truncated_tokens'] and "
+            "loader.stats()"
+        )
+
+
+def _default_where(batch: Mapping[str, Any]) -> Callable[[int], str]:
+    ids = batch.get(SAMPLE_ID)
+
+    def where(i: int) -> str:
+        if ids is not None:
+            return f"sample {int(ids[i])} (document {i} of the batch)"
+        return f"document {i} of the batch"
+
+    return where
+
+
+_PROCESS_LOCK = threading.Lock()
+_PROCESS_COUNTS = [0, 0]  # tokens placed and truncated by every packer of this process
+
+
+def process_pack_counts() -> tuple[int, int]:
+    """(tokens placed, tokens truncated) by read-time packing in this process since it
+    started (or was forked): the loader's input figures take differences of it."""
+    with _PROCESS_LOCK:
+        return _PROCESS_COUNTS[0], _PROCESS_COUNTS[1]
+
+
+def _count_process(placed: int, truncated: int) -> None:
+    with _PROCESS_LOCK:
+        _PROCESS_COUNTS[0] += placed
+        _PROCESS_COUNTS[1] += truncated
+
+
+def _reset_after_fork() -> None:
+    global _PROCESS_LOCK  # noqa: PLW0603  (a lock held at the fork stays held in the child)
+    _PROCESS_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def _documents(value: Any) -> list[npt.NDArray[Any]]:

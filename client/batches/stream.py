@@ -331,12 +331,30 @@ class BatchStream:
                     batch, epoch=epoch, batch_number=b, ids=ids[row].tolist(), alloc=alloc
                 )
             if self.packer is not None:
-                columns = self.packer.apply(columns, alloc)
+                columns = self.packer.apply(
+                    columns, alloc, where=self._document_at(ids[row], shards[row], local[row])
+                )
             tensors = to_torch(columns)  # shares memory: no copy
             if self.transform is not None:
                 tensors = self.transform(tensors)
             out.append((b, tensors))
         return out
+
+    def _document_at(
+        self, ids: np.ndarray[Any, Any], shards: np.ndarray[Any, Any], local: np.ndarray[Any, Any]
+    ) -> Callable[[int], str]:
+        """Names a batch's ``i``-th sample (its id, shard and index) for a packing error."""
+
+        def where(i: int) -> str:
+            shard = int(shards[i])
+            for src in self.sources:
+                if shard < len(src.shards):
+                    name = f"{src.source.uri} shard {src.shards[shard].raw_data.basename}"
+                    return f"sample {int(ids[i])} ({name}, sample {int(local[i])})"
+                shard -= len(src.shards)
+            return f"sample {int(ids[i])}"
+
+        return where
 
     def __getstate__(self) -> dict[str, Any]:
         # Threads, leases and mappings belong to the process that made them.

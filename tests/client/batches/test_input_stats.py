@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import pickle
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -167,6 +169,30 @@ def test_a_log_line_every_n_batches(
     lines = [r.getMessage() for r in caplog.records if r.name == "shardstream.client.stats"]
     assert len(lines) == 3, lines
     assert all(line.startswith("input: ") and "wait" in line for line in lines)
+
+
+def test_the_log_line_is_shown_without_any_logging_set_up(tokens_dir: Path, tmp_path: Path) -> None:
+    """A fresh interpreter with Python's default logging (WARNING only): the lines that
+    ``log_stats_every`` asks for are on stderr all the same."""
+    script = (
+        "import sys\n"
+        "from shardstream.client import CacheOptions, ShardstreamLoader, StreamingDataset\n"
+        "ds = StreamingDataset(sys.argv[1], 8, cache=CacheOptions(dir=sys.argv[2]))\n"
+        "with ShardstreamLoader(ds, num_workers=0, log_stats_every=10) as loader:\n"
+        "    for i, _ in enumerate(loader):\n"
+        "        if i == 30:\n"
+        "            break\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tokens_dir), str(tmp_path / "cache")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    lines = [line for line in done.stderr.splitlines() if line.startswith("input: ")]
+    assert len(lines) == 3, done.stderr
+    assert all(" wait " in line and "batches)" in line for line in lines)
 
 
 def test_the_commit_report_is_small_and_valid(tokens_dir: Path, tmp_path: Path) -> None:

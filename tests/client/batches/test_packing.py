@@ -26,6 +26,12 @@ from shardstream.client.batches.packing import fill, pack_lengths
 from shardstream.errors import ConfigError, ResumeError
 from shardstream.mds import MDSWriter
 
+# These rows truncate on purpose (64-token rows, documents of up to 200): the warning is
+# tested in test_pack_truncation.py.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::shardstream.client.batches.packed.PackingTruncationWarning"
+)
+
 lengths_st = st.lists(st.integers(min_value=1, max_value=70), min_size=0, max_size=40)
 
 
