@@ -1,11 +1,13 @@
 # Two commands on a fresh machine:
 #   make demo   install the package and run the end-to-end demo on the embedded default
 #   make test   install everything and run the whole test suite
+#   make vision install for vision training: torchvision for the torch installed, and the
+#               fast JPEG decoders (docs/vision.md)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test install install-dev lint browser torch
+.PHONY: demo test install install-dev lint browser torch vision
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +37,16 @@ install-dev: $(BIN)/python
 demo: install
 	$(BIN)/shardstream demo
 	@echo "shardstream is installed in $(VENV): run 'source $(VENV)/bin/activate' in your shell to use it (docs/quickstart.md)."
+
+# Vision training. torchvision is installed by itself first, as the build for the torch that
+# is here (tools/install-torch pins that torch): `pip install -e '.[vision]'` alone would
+# take the newest torchvision, which replaces a CPU torch with gigabytes of CUDA libraries
+# or does not import beside it ("operator torchvision::nms does not exist").
+vision: torch
+	tools/install-torch $(BIN)/pip --quiet torchvision
+	@echo "Installing shardstream with its vision extra (torchcodec, simplejpeg)..."
+	$(EDITABLE_QUIET) $(BIN)/pip install --quiet -e '.[server,builder,vision]'
+	@$(BIN)/python -c 'import torch, torchvision; print("torch", torch.__version__, "+ torchvision", torchvision.__version__, "import")'
 
 # The web console's tests drive Debian's chromium (installed here where missing; needs root).
 browser:

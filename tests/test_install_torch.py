@@ -60,9 +60,11 @@ def _install(
     device: bool = False,
     listed: str = "2.14.1, 2.13.0",
     requirements: tuple[str, ...] = ("torch==2.14.1",),
+    torch_installed: str | None = None,
 ) -> tuple[str, list[str]]:
-    """Run the script with a recording pip whose index lists ``listed`` torch versions;
-    returns (the script's output, the arguments of ``pip install``)."""
+    """Run the script with a recording pip whose index lists ``listed`` torch versions,
+    beside a python that has torch ``torch_installed`` (or none); returns (the script's
+    output, the arguments of ``pip install``)."""
     venv = tmp / "venv" / "bin"
     venv.mkdir(parents=True)
     record = tmp / "pip-args"
@@ -75,7 +77,18 @@ def _install(
         f"    open({str(record)!r}, 'w').write('\\n'.join(sys.argv[1:]))\n"
     )
     pip.chmod(0o755)
-    (venv / "python").symlink_to(sys.executable)  # for the index probe
+    # The venv's python (the index probe, the installed torch's version): this one without
+    # its site-packages, so that only the torch this test puts there is installed.
+    site = tmp / "site"
+    site.mkdir()
+    if torch_installed is not None:
+        info = site / f"torch-{torch_installed}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: torch\nVersion: {torch_installed}\n"
+        )
+    (venv / "python").write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} -S "$@"\n')
+    (venv / "python").chmod(0o755)
     tools = tmp / "path"  # PATH: what the script needs, and nvidia-smi only when asked
     tools.mkdir()
     for tool in ("dirname", "sed", "tr", "grep"):
@@ -156,3 +169,49 @@ def test_the_makefile_installs_torch_first_and_says_so() -> None:
         "tools/install-torch .venv/bin/pip --quiet 'torch==2.14.1' 'torchvision==0.29.1'" in line
         for line in lines
     ), done.stdout
+
+
+@pytest.mark.parametrize("installed", ["2.14.1+cpu", None])
+def test_torchvision_comes_for_the_torch_installed(
+    tmp_path: Path, cpu_index: str, installed: str | None
+) -> None:
+    """``make vision``: torchvision alone asked for is the build for the torch that is here
+    (pinned beside it, so pip neither swaps torch for a CUDA build nor installs a
+    torchvision that cannot import); with no torch, both come as a matched pair."""
+    out, args = _install(
+        tmp_path,
+        index=cpu_index,
+        requirements=("--quiet", "torchvision"),
+        torch_installed=installed,
+    )
+    torch = f"torch=={installed}" if installed else "torch"
+    assert args == ["install", "--extra-index-url", cpu_index, "--quiet", torch, "torchvision"]
+    if installed:
+        assert f"torch {installed} is installed here: keeping it" in out
+    # A torch the caller pins stays as asked.
+    _, args = _install(
+        tmp_path / "pinned",
+        index=cpu_index,
+        requirements=("torch==2.13.0", "torchvision==0.28.0"),
+        torch_installed=installed,
+    )
+    assert args[-2:] == ["torch==2.13.0", "torchvision==0.28.0"]
+
+
+def test_make_vision_installs_a_matched_torchvision_then_the_extra_from_the_checkout() -> None:
+    done = subprocess.run(
+        ["make", "-n", "vision"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={**os.environ, "MAKEFLAGS": ""},
+    )
+    lines = done.stdout.splitlines()
+    matched = next(
+        i for i, line in enumerate(lines) if "install-torch" in line and "torchvision" in line
+    )
+    extra = next(i for i, line in enumerate(lines) if "pip install" in line and "vision]'" in line)
+    assert matched < extra
+    assert "-e '.[server,builder,vision]'" in lines[extra]
