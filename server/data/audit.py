@@ -32,19 +32,20 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from shardstream.server.models import CheckpointRow, DatasetRow, RunAttemptRow, ShardRow, VersionRow
+from shardstream.server.models import CheckpointRow, RunAttemptRow
 
 from . import attempts as attempts_data
 from . import runs as runs_data
+from .audit_plans import PlanFacts, order_differences, plan_facts
 
 MAX_FINDINGS = 50
 """Failures listed in full (the count is always exact)."""
@@ -52,8 +53,14 @@ MAX_FINDINGS = 50
 PAGE = 10_000
 """Checkpoints read per query."""
 
-MAX_EPOCHS = 10_000
-"""Epochs whose size is recomputed for one audit."""
+MAX_ROWS = 1_000
+"""Epochs and history segments listed (``epoch_count`` and ``history_count`` are exact)."""
+
+MAX_TEXT = 1_000
+"""Characters of one failure at most (a hostile plan's values are cut, not echoed)."""
+
+DEADLINE_S = 60.0
+"""Seconds an audit reads for before it answers "cannot be proven within the bound"."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,7 @@ class _Point:
     algorithm: Any
     fingerprint: Any
     versions: Any
+    params: Any
 
 
 @functools.lru_cache(maxsize=1024)
@@ -80,71 +88,6 @@ def _value(raw: Any) -> Any:
         return json.loads(raw)
     except ValueError:
         return raw  # a plain string (``->>`` and json_extract unquote strings)
-
-
-class _Sizes:
-    """Samples consumed per epoch (whole global batches), recomputed from the plan."""
-
-    def __init__(self, session: Session, plan: dict[str, Any], versions: list[str]) -> None:
-        self.error: str | None = None
-        self._cache: dict[int, int] = {}
-        self._plan: Any = None
-        try:
-            self._plan = _plan_factory(session, plan, versions)
-            first = self._plan(0)  # parameters that cannot make a plan fail here, reported
-            self._cache[0] = int(first.num_batches) * int(first.config.global_batch_size)
-        except Exception as exc:  # reported, not raised: the audit then cannot prove sizes
-            self.error = f"the plan cannot be recomputed on the server: {exc}"
-            self._plan = None
-
-    def size(self, epoch: int) -> int | None:
-        if self._plan is None or len(self._cache) >= MAX_EPOCHS:
-            return None
-        if epoch not in self._cache:
-            try:
-                plan = self._plan(epoch)
-            except ValueError as exc:  # PlanError: parameters that cannot make a plan
-                self.error, self._plan = f"the plan cannot be recomputed on the server: {exc}", None
-                return None
-            self._cache[epoch] = int(plan.num_batches) * int(plan.config.global_batch_size)
-        return self._cache[epoch]
-
-
-def _plan_factory(session: Session, params: dict[str, Any], versions: list[str]) -> Any:
-    """``epoch -> EpochPlan`` for a state's plan parameters over the server's shard sizes."""
-    from shardstream.client.plan import MixtureSchedule, PlanConfig, SourceSpec, make_plan
-
-    fields = ("seed", "global_batch_size", "num_partitions", "shuffle", "tail", "window")
-    config = PlanConfig(
-        **{k: params[k] for k in fields if k in params}, epoch_size=params.get("epoch_size")
-    )
-    mixture = params.get("mixture") or [[None, None, None]] * len(versions)
-    if len(mixture) != len(versions):
-        raise ValueError(f"{len(versions)} versions but {len(mixture)} mixture entries")
-    specs = []
-    for version, (weight, repeat, count) in zip(versions, mixture, strict=True):
-        name, _, number = str(version).rpartition("@")
-        vid = session.scalar(
-            select(VersionRow.id)
-            .join(DatasetRow, DatasetRow.id == VersionRow.dataset_id)
-            .where(DatasetRow.name == name, VersionRow.number == int(number.lstrip("v")))
-        )
-        if vid is None:
-            raise ValueError(f"version {version} is not on this server (deleted?)")
-        sizes = session.scalars(
-            select(ShardRow.samples).where(ShardRow.version_id == vid).order_by(ShardRow.idx)
-        ).all()
-        specs.append(
-            SourceSpec(
-                shard_sizes=np.array(sizes, dtype=np.int64),
-                weight=weight,
-                repeat=repeat,
-                count=count,
-                name=str(version),
-            )
-        )
-    schedule = MixtureSchedule.from_params(params.get("schedule"))
-    return lambda epoch: make_plan(specs, config, epoch, schedule)
 
 
 def _points(session: Session, run_id: int) -> Iterator[_Point]:
@@ -163,6 +106,7 @@ def _points(session: Session, run_id: int) -> Iterator[_Point]:
                 plan["algorithm"].as_string(),
                 plan["fingerprint"].as_string(),
                 plan["versions"].as_string(),
+                plan["plan"].as_string(),
             )
             .where(
                 CheckpointRow.run_id == run_id,
@@ -190,49 +134,64 @@ def _attempt_public(row: RunAttemptRow) -> dict[str, Any]:
     return out
 
 
-def audit(session: Session, run_id: int) -> dict[str, Any]:
-    """The audit report of run ``run_id`` (see the module); ``ok`` is the verdict."""
+def audit(session: Session, run_id: int, *, deadline_s: float = DEADLINE_S) -> dict[str, Any]:
+    """The audit report of run ``run_id`` (see the module); ``verdict`` is the answer,
+    ``ok`` says nothing was found wrong. Stops reading after ``deadline_s`` seconds (the
+    verdict is then "cannot be proven")."""
+    started = time.monotonic()
     run = runs_data.get(session, run_id)
     run_versions = [f"{s.dataset}@{s.version}" for s in runs_data.sources(session, run_id)]
     run_tuple = tuple(run_versions)
     attempts = {a.number: a for a in attempts_data.all_of(session, run_id)}
     failures: list[str] = []
     failure_count = 0
+    unproven: list[str] = []  # why the history cannot be proven, where nothing failed
 
     def fail(message: str) -> None:
         nonlocal failure_count
         failure_count += 1
         if len(failures) < MAX_FINDINGS:
-            failures.append(message)
+            failures.append(_clip(message))
 
-    sizes: _Sizes | None = None
+    def cannot(message: str) -> None:
+        if len(unproven) < MAX_FINDINGS and _clip(message) not in unproven:
+            unproven.append(_clip(message))
+
+    known: dict[tuple[Any, Any], PlanFacts] = {}
+
+    def facts_of(point: _Point) -> PlanFacts:
+        key = (point.params, point.versions)
+        facts = known.get(key)
+        if facts is None:
+            facts = plan_facts(session, _value(point.params), _versions_of(point.versions))
+            if len(known) < 1024:
+                known[key] = facts
+        return facts
+
+    def flat(point: _Point, facts: PlanFacts) -> int | None:
+        """The global position of ``point`` in the plan ``facts`` (one epoch size per plan:
+        O(1) at any epoch)."""
+        return None if facts.size is None else point.epoch * facts.size + point.sample
+
     rates: Counter[int] = Counter()
     epochs: dict[int, dict[str, Any]] = {}
+    epoch_count = 0
     history: list[dict[str, Any]] = []  # one segment per attempt along the chain
+    history_count = 0
+    segment_attempt: int | None = None
     prev: _Point | None = None
-    prev_flat: int | None = 0
-    first: tuple[RunAttemptRow, _Point] | None = None
-    flat_base: dict[int, int] = {0: 0}  # epoch -> global position of its first sample
+    last_facts: PlanFacts | None = None
+    first: tuple[RunAttemptRow, _Point, int | None] | None = None
     commits = 0
+    stopped: int | None = None
     pending_rate_checks: list[tuple[_Point, _Point, int]] = []
 
-    def flat(point: _Point) -> int | None:
-        assert sizes is not None
-        if point.epoch not in flat_base:
-            known = max(e for e in flat_base if e < point.epoch)
-            for e in range(known, point.epoch):
-                size = sizes.size(e)
-                if size is None:
-                    return None
-                flat_base[e + 1] = flat_base[e] + size
-        return flat_base[point.epoch] + point.sample
-
     for point in _points(session, run_id):
+        if commits % 256 == 0 and time.monotonic() - started > deadline_s:
+            stopped = point.step
+            break
         commits += 1
-        if sizes is None:
-            sizes = _Sizes(session, _plan_of(session, run_id, point.step), _versions(point))
-            if sizes.error:
-                fail(sizes.error)
+        facts = facts_of(point)
         attempt = attempts.get(point.attempt) if point.attempt is not None else None
         if point.attempt is None:
             fail(
@@ -241,76 +200,102 @@ def audit(session: Session, run_id: int) -> dict[str, Any]:
             )
         elif attempt is None:
             fail(f"step {point.step} names attempt {point.attempt}, which is not registered")
-        if _versions_of(point.versions) != run_tuple and "versions" not in _accepted(attempt):
+        swapped = _versions_of(point.versions) != run_tuple
+        if swapped and "versions" not in _accepted(attempt):
             fail(
                 f"step {point.step} was read from {_versions(point)}, but run {run_id} reads "
                 f"{run_versions}: a dataset version was swapped under the run"
             )
-        size = sizes.size(point.epoch) if sizes else None
-        if size is not None and point.sample > size:
+        if facts.size is None:
+            if not swapped:  # a swapped version says it all; its sizes are not the point
+                cannot(f"step {point.step}: {facts.why}: positions cannot be checked")
+        elif facts.batch is not None and point.sample % facts.batch:
             fail(
-                f"step {point.step} is at sample {point.sample} of epoch {point.epoch}, "
-                f"which has {size}"
+                f"step {point.step} is at sample {point.sample:,} of epoch {point.epoch:,}, "
+                f"not at the end of a global batch of {facts.batch}"
             )
-        if not history or history[-1]["attempt"] != point.attempt:
-            history.append(
-                {
-                    "attempt": point.attempt,
-                    "from_step": None if prev is None else prev.step,
-                    "first_step": point.step,
-                    "last_step": point.step,
-                }
+        elif point.sample > facts.size:
+            fail(
+                f"step {point.step} is at sample {point.sample:,} of epoch {point.epoch:,}, "
+                f"which has {facts.size:,}"
             )
+        if history_count == 0 or segment_attempt != point.attempt:
+            segment_attempt = point.attempt
+            history_count += 1
+            if len(history) < MAX_ROWS:
+                history.append(
+                    {
+                        "attempt": point.attempt,
+                        "from_step": None if prev is None else prev.step,
+                        "first_step": point.step,
+                        "last_step": point.step,
+                    }
+                )
             _check_link(prev, point, attempt, fail)
             if prev is None and attempt is not None and attempt.resumed_step is None:
-                first = (attempt, point)
-        history[-1]["last_step"] = point.step
-        where = flat(point)
+                first = (attempt, point, flat(point, facts))
+        if history_count <= MAX_ROWS:
+            history[-1]["last_step"] = point.step
+        where = flat(point, facts)
         if prev is not None:
-            if (prev.algorithm, prev.fingerprint, prev.versions) != (
-                point.algorithm,
-                point.fingerprint,
-                point.versions,
-            ):
-                _check_order(prev, point, attempt, fail)
-            if where is not None and prev_flat is not None:
-                advanced = where - prev_flat
+            changed = order_differences(_identity(prev), _identity(point))
+            if changed:
+                _check_order(prev, point, attempt, attempts=attempts, changed=changed, fail=fail)
+            before = flat(prev, facts)  # read in the plan in force from here on
+            if where is not None and before is not None:
+                advanced = where - before
                 steps = point.step - prev.step
                 if advanced < 0:
                     fail(
                         f"steps {prev.step} -> {point.step}: the position went back "
-                        f"{-advanced} samples (batches read twice in the history)"
+                        f"{-advanced:,} samples (batches read twice in the history)"
                     )
                 else:
                     if advanced % steps == 0:
                         rates[advanced // steps] += steps
-                    pending_rate_checks.append((prev, point, advanced))
-        epoch_info = epochs.setdefault(
-            point.epoch, {"epoch": point.epoch, "samples": size, "consumed_to": 0}
-        )
-        epoch_info["consumed_to"] = max(epoch_info["consumed_to"], point.sample)
-        prev, prev_flat = point, where
+                    if len(pending_rate_checks) < 1_000_000:
+                        pending_rate_checks.append((prev, point, advanced))
+        if point.epoch not in epochs:
+            epoch_count += 1
+            if len(epochs) < MAX_ROWS:
+                epochs[point.epoch] = {
+                    "epoch": point.epoch,
+                    "samples": facts.size,
+                    "consumed_to": 0,
+                }
+        if point.epoch in epochs:
+            info = epochs[point.epoch]
+            info["consumed_to"] = max(info["consumed_to"], point.sample)
+        prev, last_facts = point, facts
 
     rate = rates.most_common(1)[0][0] if rates else None
-    for before, after, got in pending_rate_checks:
-        expected = (rate or 0) * (after.step - before.step)
+    if rate is not None and rate % run.global_batch_size:
+        fail(
+            f"the run consumes {rate:,} samples per step, not a whole number of its global "
+            f"batches of {run.global_batch_size:,}: positions are off the plan's batches"
+        )
+    for before_point, after, got in pending_rate_checks:
+        expected = (rate or 0) * (after.step - before_point.step)
         if got != expected:
-            who = "" if before.attempt == after.attempt else f" (attempt {after.attempt} resumed)"
+            who = (
+                ""
+                if before_point.attempt == after.attempt
+                else f" (attempt {after.attempt} resumed)"
+            )
             fail(
-                f"steps {before.step} -> {after.step}{who}: the data advanced {got} samples "
-                f"where the run's {rate} per step make {expected}: "
+                f"steps {before_point.step} -> {after.step}{who}: the data advanced {got:,} "
+                f"samples where the run's {rate} per step make {expected:,}: "
                 + ("batches skipped" if got > expected else "batches read again")
                 + " against the model's steps (a model step restored without its loader "
                 "state?)"
             )
-    if first is not None and rate is not None and sizes is not None:
-        start_attempt, start = first
-        where = flat(start)
+    if first is not None and rate is not None:
+        start_attempt, start, where = first
         if where is not None and where != start.step * rate:
             fail(
                 f"the history starts at step {start.step} (attempt {start_attempt.number}, "
-                f"from the start of the data) at sample {where}, but {start.step} steps of "
-                f"{rate} samples are {start.step * rate}: "
+                f"from the start of the data) at sample {where:,}, but {start.step} steps of "
+                f"{rate} samples are {start.step * rate:,}: "
                 + (
                     "batches before it were skipped"
                     if where > start.step * rate
@@ -318,24 +303,45 @@ def audit(session: Session, run_id: int) -> dict[str, Any]:
                 )
             )
     _finish_epochs(epochs, prev)
+    if stopped is not None:
+        cannot(
+            f"the audit stopped at step {stopped} after {deadline_s:g} s ({commits:,} "
+            "checkpoints read): the history cannot be proven within the bound; "
+            "`shardstream runs audit` has the longest bound"
+        )
+    where_now = _where(prev, last_facts)
+    if run.status == "completed" and prev is not None and stopped is None:
+        size = last_facts.size if last_facts is not None else None
+        if size is not None and not (prev.sample in (0, size) and (prev.epoch or prev.sample)):
+            fail(
+                f"run {run_id} is marked completed, but its history ends inside an epoch "
+                f"({where_now}): the rest of the epoch was never consumed"
+            )
     _check_refused_models(attempts, fail)
-    if commits == 0:
+    if commits == 0 and stopped is None:
         fail(f"run {run_id} has no checkpoints: there is no history to prove")
     changes = [
         {"attempt": a.number, **change}
         for a in attempts.values()
         for change in (a.changes or [])[_inherited(a, attempts) :]
     ]
+    verdict, text = _verdict(failure_count, unproven, run.status, where_now)
     return {
         "run": run_id,
-        "ok": failure_count == 0,
+        "verdict": verdict,
+        "verdict_text": text,
+        "ok": failure_count == 0 and not unproven,
         "failures": failures,
         "failure_count": failure_count,
+        "unproven": unproven,
         "checkpoints": commits,
         "latest_step": run.latest_step,
+        "status": run.status,
         "samples_per_step": rate,
         "epochs": [epochs[e] for e in sorted(epochs)],
+        "epoch_count": epoch_count,
         "history": history,
+        "history_count": history_count,
         "attempts": [_attempt_public(a) for a in attempts.values()],
         "rollbacks": [
             {
@@ -381,12 +387,6 @@ def _versions_of(raw: Any) -> tuple[str, ...]:
     return tuple(str(v) for v in value) if isinstance(value, list) else ()
 
 
-def _plan_of(session: Session, run_id: int, step: int) -> dict[str, Any]:
-    row = session.get(CheckpointRow, (run_id, step))
-    plan = row.plan.get("plan") if row is not None else None
-    return dict(plan) if isinstance(plan, dict) else {}
-
-
 def _inherited(attempt: RunAttemptRow, attempts: dict[int, RunAttemptRow]) -> int:
     """How many of ``attempt``'s changes it inherited from the attempt it resumed."""
     parent = attempts.get(attempt.resumed_attempt) if attempt.resumed_attempt else None
@@ -414,24 +414,90 @@ def _check_link(
         )
 
 
-def _check_order(prev: _Point, point: _Point, attempt: RunAttemptRow | None, fail: Any) -> None:
-    """The order stays the same unless the attempt that changed it recorded the change."""
-    for name, old, new in (
-        ("algorithm", prev.algorithm, point.algorithm),
-        ("fingerprint", prev.fingerprint, point.fingerprint),
-        ("versions", prev.versions, point.versions),
-    ):
-        if old == new:
-            continue
-        accepted = _accepted(attempt) if prev.attempt != point.attempt else set()
-        # A changed parameter or version changes the fingerprint too.
-        recorded = name in accepted or (name == "fingerprint" and bool(accepted))
-        if not recorded:
+def _check_order(
+    prev: _Point,
+    point: _Point,
+    attempt: RunAttemptRow | None,
+    *,
+    attempts: dict[int, RunAttemptRow],
+    changed: dict[str, tuple[Any, Any]],
+    fail: Any,
+) -> None:
+    """The order stays the same unless the attempt that changed it recorded the change
+    itself (at its own resume, not inherited from the attempt it resumed), and the change
+    it recorded is the one its checkpoints show (the new value of each field)."""
+    resumed = prev.attempt != point.attempt and attempt is not None
+    own = _own_changes(attempt, attempts) if resumed and attempt is not None else {}
+    for name, (old, new) in changed.items():
+        recorded = own.get(name)
+        what = (
+            f"steps {prev.step} -> {point.step}: the order's {name} changed "
+            f"({_short(old)} -> {_short(new)})"
+        )
+        if recorded is None:
             fail(
-                f"steps {prev.step} -> {point.step}: the order's {name} changed "
-                f"({_value(old)!r} -> {_value(new)!r}) without a change accepted at a resume "
-                "(allow_changes)"
+                f"{what} without a change accepted at a resume (allow_changes)"
+                + (
+                    f": attempt {point.attempt} recorded none of its own"
+                    if resumed and not own
+                    else ""
+                )
             )
+        elif recorded != new:
+            fail(
+                f"{what}, but attempt {point.attempt} recorded {name} -> {_short(recorded)}: "
+                "the recorded change does not explain the order it read"
+            )
+
+
+def _own_changes(attempt: RunAttemptRow, attempts: dict[int, RunAttemptRow]) -> dict[str, Any]:
+    """``{name: new value}`` of the changes ``attempt`` recorded itself."""
+    out: dict[str, Any] = {}
+    for change in (attempt.changes or [])[_inherited(attempt, attempts) :]:
+        if isinstance(change, dict) and isinstance(change.get("changed"), dict):
+            for name, values in change["changed"].items():
+                pair = isinstance(values, list) and len(values) == 2
+                out[str(name)] = values[1] if pair else values
+    return out
+
+
+def _identity(point: _Point) -> tuple[Any, Any, Any, Any]:
+    """What decides a checkpoint's order, decoded: algorithm, fingerprint, versions, plan."""
+    return (
+        _value(point.algorithm),
+        _value(point.fingerprint),
+        list(_versions_of(point.versions)),
+        _value(point.params),
+    )
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _clip(message: str) -> str:
+    return message if len(message) <= MAX_TEXT else message[: MAX_TEXT - 3] + "..."
+
+
+def _where(last: _Point | None, facts: PlanFacts | None) -> str:
+    """Where the history ends: ``"epoch 0 at 720 of 2,400"``."""
+    if last is None:
+        return "no checkpoint"
+    size = "?" if facts is None or facts.size is None else f"{facts.size:,}"
+    return f"epoch {last.epoch:,} at {last.sample:,} of {size}"
+
+
+def _verdict(failures: int, unproven: list[str], status: str, where: str) -> tuple[str, str]:
+    """The verdict and its line: proven (a completed run), proven so far (a run not marked
+    completed: nothing wrong up to its latest checkpoint), not proven, cannot be proven."""
+    if failures:
+        return "not_proven", "NOT PROVEN"
+    if unproven:
+        return "cannot_prove", "CANNOT BE PROVEN"
+    if status == "completed":
+        return "proven", f"PROVEN, ended at {where}"
+    return "proven_so_far", f"PROVEN so far ({status}), {where}"
 
 
 def _accepted(attempt: RunAttemptRow | None) -> set[str]:
