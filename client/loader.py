@@ -79,8 +79,9 @@ class ShardstreamLoader:
     ``stats`` (default on) times the training loop's wait for each batch and collects the
     workers' input figures: :meth:`stats` says whether the job is input-bound, and why
     (see :mod:`~shardstream.client.batches.input_stats`); every :meth:`commit` sends the figures
-    since the previous one to the server. ``log_stats_every=N`` logs them every ``N``
-    batches (logger ``shardstream.client.stats``, level INFO).
+    since the previous one to the server. ``log_stats_every=N`` shows them every ``N``
+    batches: logged (logger ``shardstream.client.stats``, level INFO) where logging shows
+    INFO for it, else written to stderr, so the line is seen without setting up logging.
     """
 
     def __init__(
@@ -123,10 +124,10 @@ class ShardstreamLoader:
         # before the first batch, and the (trainer step, epoch, batch) it resumed from.
         self._attempt: int | None = None
         self._resumed: tuple[int | None, int, int] | None = None
-        # The start's first commit waits for the server's answer: a resume the server
-        # refuses (a model step beside another step's data) fails in the commit that is
-        # wrong, before the trainer saves a model of that step, not one commit later.
-        self._first_commit = True
+        # A resumed start's first commit waits for the server's answer: a resume the
+        # server refuses (a model step beside another step's data) fails in the commit
+        # that is wrong, before the trainer saves a model of that step, not one later.
+        self._first_commit = False
         if resume is not None:
             from shardstream.client._server import load_checkpoint_at
 
@@ -193,9 +194,9 @@ class ShardstreamLoader:
         process), retried while the server is unreachable, and flushed by
         :meth:`flush_commits`, :meth:`close` and at process exit. A commit that failed
         is logged and raised by the next ``commit`` or ``flush_commits``. ``wait=True``
-        returns only once this commit is durable on the server. The first commit of a
-        start (after a resume) always waits: the server checks there that the trainer's
-        steps and the loader's position agree, and a refusal is raised by that commit.
+        returns only once this commit is durable on the server. The first commit after
+        a resume always waits: the server checks there that the trainer's steps and the
+        loader's position agree, and a refusal is raised by that commit.
         """
         from shardstream.client._server import commit_checkpoint
 

@@ -160,3 +160,75 @@ def test_elastic_8_4_6_ranks_with_kills_is_proven_by_the_audit(
         NUM_SAMPLES,
         NUM_SAMPLES,
     )
+
+
+@pytest.mark.slow
+def test_a_stale_rank_of_a_start_is_refused_and_rolls_nothing_back(
+    tmp_path: Path, ledger_server: LiveServer
+) -> None:
+    """3 ranks resume a run whose latest checkpoint is at step 32: ranks 0 and 1 at step
+    28, rank 2 from a stale state of step 24. The ranks of one launch register under one
+    key, so whichever registers first, the server sees them disagree: the start fails
+    before any rank trains a step, none of its commits is accepted, and no rollback
+    happens (checkpoints 28 and 32 stay); a correct restart at 28 then trains and the
+    audit proves the run. Before, the ranks registered apart: a stale rank 2 first rolled
+    the run back to 24 (checkpoint 28 gone, ranks 0 and 1 refused), or last trained at
+    another position than its peers."""
+    live_server = ledger_server
+    write_id_dataset(tmp_path / "data", NUM_SAMPLES, min_shard=30, max_shard=120)
+    with APIClient(live_server.url, live_server.token) as api:
+        version = register_index(api, str(tmp_path / "data" / "index.json"), "ledger-ids")
+        run = api.create_run([("ledger-ids", version.number)], global_batch_size=GLOBAL_BATCH).id
+    env = {"SHARDSTREAM_TOKEN": live_server.token}
+    base = TrainerConfig(
+        attempt_dir=str(tmp_path / "x"),
+        data=DataSettings(
+            source="ledger-ids",
+            global_batch_size=GLOBAL_BATCH,
+            seed=SEED,
+            cache_dir=str(tmp_path / "cache"),
+            server=live_server.url,
+            run_id=str(run),
+        ),
+        num_workers=0,
+        checkpoint_every=CKPT_EVERY,
+        commit=True,
+        commit_all_ranks=True,  # a surviving stale rank would commit too
+        collective_timeout_s=60.0,
+    )
+    first = run_epoch(attempt(base, "first"), 3, env=env)
+    assert first.last_common_step() == STEPS
+
+    stale = ServerResume(STEPS - CKPT_EVERY, ranks={"2": STEPS - 2 * CKPT_EVERY})
+    mixed_cfg = attempt(base, "mixed", resume_server=stale)
+    with Job(mixed_cfg, 3, env=env) as job, pytest.raises(JobError) as refused:
+        job.wait(timeout=300)
+    message = str(refused.value)
+    assert "ResumeError" in message and "mixed up" in message, message
+    assert "position" in message, message
+    assert AttemptLog.read(Path(mixed_cfg.attempt_dir), 3).last_common_step() == 0
+    with APIClient(live_server.url, live_server.token) as api:
+        latest = api.latest_checkpoint(run)
+        assert latest is not None and latest.step == STEPS  # nothing rolled back
+        assert api.get_checkpoint(run, STEPS - CKPT_EVERY).attempt == 1
+        attempts = api.list_attempts(run)
+        assert attempts[1].disputed is not None
+        assert all(a.rolled_back_from is None for a in attempts)
+    # (a rank that registers after the dispute may take an attempt of its own, which its
+    # start's failure leaves without commits: the restart below is the next one)
+    restart = len(attempts) + 1
+
+    # every rank at step 28: a rollback of one checkpoint, applied by its first commit
+    good = run_epoch(
+        attempt(base, "good", resume_server=ServerResume(STEPS - CKPT_EVERY)), 3, env=env
+    )
+    assert good.first_step() == STEPS - CKPT_EVERY + 1 and good.last_common_step() == STEPS
+    _, report = audit_cli(live_server, run)  # the run is not marked completed
+    assert report["failures"] == [] and report["failure_count"] == 0, report
+    assert report["rollbacks"] == [
+        {"attempt": restart, "from_step": STEPS, "to_step": STEPS - CKPT_EVERY}
+    ]
+    assert [(h["attempt"], h["last_step"]) for h in report["history"]] == [
+        (1, STEPS - CKPT_EVERY),
+        (restart, STEPS),
+    ]
