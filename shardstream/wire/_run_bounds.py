@@ -72,6 +72,9 @@ MAX_SCHEDULE_PIECES = 1024
 """Constant pieces one mixture schedule makes in all (a constant phase is one piece, a
 linear phase its ``steps``); the server counts every piece of a schedule it accepts."""
 
+DEFAULT_RAMP_PIECES = 16
+"""Pieces of a linear phase that does not give ``steps`` (the plan library's default)."""
+
 MAX_TOKENS = 10**16
 """Largest ``until_tokens`` and ``tokens_per_step`` (10**16 tokens: 1,000 x the largest
 training sets)."""
@@ -137,7 +140,7 @@ def _check_schedule(schedule: object, where: str) -> None:
         at = f"{where}[{i}]"
         steps = _int(phase.get("steps"))
         linear = phase.get("end_weights") is not None
-        pieces += max(1, steps or 16) if linear else 1
+        pieces += max(1, steps or DEFAULT_RAMP_PIECES) if linear else 1
         if steps is not None and steps > MAX_SCHEDULE_PIECES:
             raise ValueError(
                 f"{at}.steps {steps:,} is beyond the bound: a mixture schedule makes at most "

@@ -20,8 +20,16 @@ from fastapi.testclient import TestClient
 
 from shardstream.api_client import APIClient
 from shardstream.cli import main
+from shardstream.server.data.mixture_history import MixturePlan
 from shardstream.server.models import RunAttemptRow, utcnow
-from shardstream.wire import MAX_ATTEMPT_CHANGES, MAX_ATTEMPT_CHANGES_BYTES, MAX_EPOCHS, MAX_STEPS
+from shardstream.wire import (
+    MAX_ATTEMPT_CHANGES,
+    MAX_ATTEMPT_CHANGES_BYTES,
+    MAX_EPOCHS,
+    MAX_SCHEDULE_PIECES,
+    MAX_STEPS,
+    check_plan_bounds,
+)
 from tests.fixtures.server import LiveServer
 from tests.server.conftest import ADMIN, make_published
 
@@ -125,6 +133,20 @@ def test_a_schedule_beyond_the_bounds_is_refused_naming_the_field_and_bound(
     assert api.get(f"/v1/runs/{run}/checkpoints").json()["items"] == []
     # an ordinary schedule is untouched: a ramp of 16 pieces over 10**8 steps
     assert _commit(api, run, 1, 0, _params(_linear(2, 16, 10**8))).status_code == 201
+
+
+def test_every_schedule_within_the_bound_is_one_the_server_counts() -> None:
+    """The bound on pieces is the mixture figures' own: a schedule at the bound is counted,
+    one piece more is refused (not accepted and then left uncounted)."""
+    for ramp, fits in ((MAX_SCHEDULE_PIECES - 2, True), (MAX_SCHEDULE_PIECES - 1, False)):
+        schedule = _linear(1, ramp, 10**6)
+        plan = {"plan": _params(schedule)}
+        if fits:
+            check_plan_bounds(plan)
+            assert MixturePlan.of(plan, 1, 12) is not None
+        else:
+            with pytest.raises(ValueError, match="at most 1,024"):
+                check_plan_bounds(plan)
 
 
 def test_positions_beyond_the_bounds_are_refused_at_commit_and_registration(
