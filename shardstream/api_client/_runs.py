@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
-from shardstream.errors import NotFoundError
+from pydantic import ValidationError
+
+from shardstream.errors import NotFoundError, RequestValidationError
 from shardstream.wire import (
     AttemptCreate,
     AttemptPublic,
@@ -24,6 +26,21 @@ from shardstream.wire._input_stats import MAX_RANKS
 
 from ._session import APISession, json_body
 
+B = TypeVar("B")
+
+
+def _checked(build: Callable[[], B]) -> B:
+    """``build()``, a request body validated here as the server would: what the server
+    would refuse with a 422 (a position or schedule beyond the bounds on runs) is a
+    :class:`RequestValidationError` naming the field, before anything is sent."""
+    try:
+        return build()
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5]
+        )
+        raise RequestValidationError(problems, 422) from None
+
 
 class RunsAPI(APISession):
     """Register runs, set their status, commit and read their checkpoints."""
@@ -39,12 +56,14 @@ class RunsAPI(APISession):
     ) -> RunPublic:
         """Register a run reading ``sources`` ((dataset, version[, weight]) or RunSource)."""
         srcs = [_source(s) for s in sources]
-        body = RunCreate(
-            name=name,
-            sources=srcs,
-            seed=seed,
-            global_batch_size=global_batch_size,
-            plan=dict(plan or {}),
+        body = _checked(
+            lambda: RunCreate(
+                name=name,
+                sources=srcs,
+                seed=seed,
+                global_batch_size=global_batch_size,
+                plan=dict(plan or {}),
+            )
         )
         return self._model(RunPublic, self.request("POST", "/v1/runs", json=json_body(body)))
 
@@ -77,13 +96,15 @@ class RunsAPI(APISession):
         """Commit the data position at ``step`` (same state again is a no-op; else 409),
         as attempt ``attempt`` of the run (see :meth:`register_attempt`); ``stats``: this
         rank's input figures since its previous commit (``InputStats.report``)."""
-        body = CheckpointCreate(
-            step=step,
-            epoch=epoch,
-            sample_in_epoch=sample_in_epoch,
-            plan=dict(plan or {}),
-            attempt=attempt,
-            stats=None if stats is None else InputStatsReport.model_validate(dict(stats)),
+        body = _checked(
+            lambda: CheckpointCreate(
+                step=step,
+                epoch=epoch,
+                sample_in_epoch=sample_in_epoch,
+                plan=dict(plan or {}),
+                attempt=attempt,
+                stats=None if stats is None else InputStatsReport.model_validate(dict(stats)),
+            )
         )
         path = f"/v1/runs/{run_id}/checkpoints"
         return self._model(CheckpointPublic, self.request("POST", path, json=json_body(body)))

@@ -20,6 +20,7 @@ from fastapi.testclient import TestClient
 
 from shardstream.api_client import APIClient
 from shardstream.cli import main
+from shardstream.errors import RequestValidationError
 from shardstream.server.data.mixture_history import MixturePlan
 from shardstream.server.models import RunAttemptRow, utcnow
 from shardstream.wire import (
@@ -175,6 +176,18 @@ def test_positions_beyond_the_bounds_are_refused_at_commit_and_registration(
         assert answer.status_code == 422, answer.text
         assert "body.resume" in answer.json()["detail"], answer.text
     assert api.get(f"/v1/runs/{run}/attempts").json()["items"] == []
+
+
+def test_the_sdk_refuses_a_position_beyond_the_bounds_before_sending(live: LiveServer) -> None:
+    """The wire schema is shared: the SDK's commit raises the 422 the server would give,
+    naming the field, instead of a pydantic traceback from inside the committer."""
+    with APIClient(live.url, token=live.token) as api:
+        with pytest.raises(RequestValidationError, match=r"epoch.*at most 1,000,000") as info:
+            api.commit_checkpoint(1, step=1, epoch=2**40, sample_in_epoch=0)
+        assert info.value.status == 422
+        schedule = _linear(1, 2000, 10**6)
+        with pytest.raises(RequestValidationError, match=r"plan.*steps 2,000"):
+            api.create_run([("a", 1)], global_batch_size=GBS, plan=_params(schedule))
 
 
 def test_a_scheduled_plan_at_a_huge_epoch_is_refused_not_a_500(
