@@ -9,6 +9,7 @@ revalidated with ``If-None-Match``.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import threading
@@ -43,6 +44,7 @@ _RETRY_STATUS = {429, 502, 503, 504}
 _MAX_RETRY_AFTER_S = 60.0
 """The longest a ``Retry-After`` is honoured (a 429 from the server's per-token budget)."""
 _MAX_CACHED = 4096
+_LOG = logging.getLogger("shardstream.api_client")
 
 
 class APISession:
@@ -96,6 +98,7 @@ class APISession:
         clean = {k: v for k, v in (params or {}).items() if v is not None}
         last: Exception | None = None
         retry_after = 0.0
+        started = time.monotonic()
         for attempt in range(self._retries + 1):
             if attempt:
                 backoff = min(5.0, self._backoff_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1)
@@ -105,6 +108,8 @@ class APISession:
                     method, path, json=json, params=clean, headers=headers
                 )
             except httpx.TransportError as exc:
+                if last is None and attempt < self._retries:
+                    self._say_waiting(exc)
                 last, retry_after = exc, 0.0
                 continue
             if response.status_code in _RETRY_STATUS and attempt < self._retries:
@@ -116,10 +121,30 @@ class APISession:
             raise _error_from(method, path, response)
         where = f"{method} {self.base_url}{path}"
         raise ServerUnavailableError(
-            f"{where}: the server did not answer after {self._retries + 1} attempts"
-            + (f" ({type(last).__name__}: {last})" if last else "; check it is running"),
+            f"{where}: the server did not answer after {self._retries + 1} attempts in "
+            f"{time.monotonic() - started:.1f} s"
+            + (f" ({type(last).__name__}: {last})" if last else "")
+            + f"; check that `shardstream server` runs at {self.base_url} (SHARDSTREAM_SERVER "
+            "names it); APIClient(retries=..., backoff_s=...) sets how long a call waits",
             0,
         ) from last
+
+    def _say_waiting(self, error: Exception) -> None:
+        """One line, at the first failed attempt of a call, saying what the retries wait for
+        (a dead server otherwise looks like a hang for the seconds they take)."""
+        _LOG.warning(
+            "the shardstream server at %s did not answer (%s: %s); retrying %d more times, "
+            "for up to %.0f s",
+            self.base_url,
+            type(error).__name__,
+            error,
+            self._retries,
+            self._worst_wait_s(),
+        )
+
+    def _worst_wait_s(self) -> float:
+        """The longest the retries of one call sleep (each attempt's own timeout aside)."""
+        return sum(min(5.0, self._backoff_s * 2**k) for k in range(self._retries))
 
     def _get_json(self, path: str, params: Mapping[str, Any] | None = None) -> Any:
         cache_key = path + "?" + "&".join(f"{k}={v}" for k, v in sorted((params or {}).items()))

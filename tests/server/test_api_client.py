@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from pathlib import Path
@@ -121,6 +122,31 @@ def test_retries_until_the_server_comes_up(live: LiveServer) -> None:
         with pytest.raises(ServerUnavailableError, match="did not answer after 3 attempts"):
             api.whoami()
         assert time.monotonic() - start < 5
+
+
+def test_a_dead_server_is_named_while_retrying_and_in_the_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Nothing listens: one warning at the first failure says what the retries wait for (the
+    server's URL, how many more, for how long), and the final error names the server, the time
+    spent and the settings that change it; not a silent wait of several seconds."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    url = f"http://127.0.0.1:{port}"
+    with (
+        caplog.at_level(logging.WARNING, logger="shardstream.api_client"),
+        APIClient(url, "t", retries=3, backoff_s=0.01) as api,
+        pytest.raises(ServerUnavailableError) as raised,
+    ):
+        api.whoami()
+    waiting = [r.getMessage() for r in caplog.records if r.name == "shardstream.api_client"]
+    assert len(waiting) == 1, waiting
+    assert url in waiting[0] and "retrying 3 more times" in waiting[0]
+    message = str(raised.value)
+    assert f"runs at {url}" in message and "SHARDSTREAM_SERVER" in message
+    assert "after 4 attempts in" in message and "retries=" in message
 
 
 def test_retries_503_then_succeeds(live: LiveServer) -> None:
