@@ -27,7 +27,7 @@ def input_lines(stats: dict[str, Any]) -> list[str]:
         listed = ", ".join(str(r) for r in stats["missing"][:20])
         more = "" if stats["missing_count"] <= 20 else f" and {stats['missing_count'] - 20} more"
         head += f"; never reported: rank {listed}{more}"
-    lines = [head, ""]
+    lines = [head, *_packing(ranks), ""]
     header = ("rank", "wait", "verdict", "ready p50/p95/p99 ms", "storage", "retries",
               "throttled", "cache hit/miss", "step")  # fmt: skip
     rows = [header]
@@ -55,3 +55,18 @@ def input_lines(stats: dict[str, Any]) -> list[str]:
         more = stats["ranks_reporting"] - min(len(ranks), SLOWEST)
         lines.append(f"... {more} more ranks (--json lists them all)")
     return lines
+
+
+def _packing(ranks: list[dict[str, Any]]) -> list[str]:
+    """A line on read-time packing's truncation over the ranks listed (none without
+    packing, or from a server that does not count it)."""
+    cut = sum(int(r["total"].get("truncated_tokens", 0)) for r in ranks)
+    seen = cut + sum(int(r["total"].get("packed_tokens", 0)) for r in ranks)
+    if not seen:
+        return []
+    line = f"packing: truncated {cut} of {seen} document tokens ({cut / seen:.1%})"
+    if len(ranks) > 1:
+        line += f" over the {len(ranks)} ranks listed"
+    if cut:
+        line += "; fixed PackOptions.rows do not hold them (raise rows, or rows=None)"
+    return [line]

@@ -259,6 +259,7 @@ def test_runs_show_prints_wait_share_verdict_and_silent_ranks(
         run = api.create_run([("alpha", 1)], global_batch_size=8, seed=3, name="r1")
         for rank, wait in ((0, 1.0), (2, 8.0)):  # rank 1 of 3 never reports
             stats = report(rank, 3, wait, 2.0, verdict="cpu_bound" if rank else "io_bound")
+            stats.update(packed_tokens=700 + 300 * rank, truncated_tokens=300 * (rank == 0))
             api.commit_checkpoint(run.id, step=10, epoch=0, sample_in_epoch=80, stats=stats)
     capsys.readouterr()
     assert main(["runs", "list"]) == 0
@@ -270,6 +271,7 @@ def test_runs_show_prints_wait_share_verdict_and_silent_ranks(
     shown = capsys.readouterr().out
     assert "input: cpu_bound" in shown or "input: io_bound" in shown, shown
     assert "never reported: rank 1" in shown, shown
+    assert "packing: truncated 300 of 2300 document tokens (13.0%) over the 2 ranks" in shown
     table = shown[shown.index("RANK") if "RANK" in shown else shown.index("rank  wait") :]
     first = table.splitlines()[1].split()
     assert first[:3] == ["2", "80.0%", "cpu_bound"], table  # the slowest rank first
