@@ -5,7 +5,7 @@ its own, or the cache's download file, which the filling process and the node's 
 readers of the shard share (:meth:`MemoryShards.join`). :class:`NodeSharing` says where
 one partial shard looks before fetching (its own file when it is the shared download file,
 the other processes' files of the same shard, and the node-wide claims that make one
-process fetch a block while the others wait for it, :mod:`~shardstream.client.reads.peers`)
+process fetch a block while the others wait for it, :mod:`~shardstream.client.reads.peer_files`)
 and where it leaves what it fetched (the cache's download files). :func:`read_blocks`
 reads a run of blocks that way: a block the shared file holds verified is used where it
 lies (:func:`blocks_in_place`), one another process's file holds is copied
@@ -35,7 +35,7 @@ from shardstream.mds import ShardInfo
 
 if TYPE_CHECKING:
     from shardstream.client.reads.partial import PartialShard
-    from shardstream.client.reads.peers import BlockClaims
+    from shardstream.client.reads.peer_files import BlockClaims
 
 __all__ = ["NodeSharing", "blocks_in_place", "offer_to_peers", "read_blocks", "read_peer_blocks"]
 

@@ -11,7 +11,7 @@ before any process downloads it). In cacheless mode the chunk's batch numbers st
 blocks they use, so the memory budget never evicts blocks a batch still to be built wants.
 
 :class:`BlockDemand` is a part of :class:`~shardstream.client.reads.reads.ShardReads`, over
-its :class:`~shardstream.client.reads.shared.SharedReads`, kept apart because it is the one
+its :class:`~shardstream.client.reads.read_state.SharedReads`, kept apart because it is the one
 place that decides which bytes are read when (by the rules of :mod:`.policy`).
 """
 
@@ -29,7 +29,7 @@ from shardstream.client.reads.leases import ShardLeases
 from shardstream.client.reads.partial import PartialShard
 from shardstream.client.reads.policy import PieceBatches, ReadMode
 from shardstream.client.reads.queue import DEMAND
-from shardstream.client.reads.shared import SharedReads
+from shardstream.client.reads.read_state import SharedReads
 from shardstream.mds import ShardReader
 
 __all__ = ["BlockDemand"]
@@ -60,13 +60,9 @@ class BlockDemand:
         shared = self._shared
         if self._leases.holds(shard):
             return None
-        with shared.lock:
-            done = shared.complete.get(shard)
-            filling = shared.filling.get(shard)
-        if done is not None:
-            return done
-        if filling is not None:
-            return filling
+        fill = shared.fill_states.serving(shard)
+        if fill is not None:
+            return fill
         if shared.cache is not None and shared.ranged(shard):
             if shared.cache.contains(shared.catalog.cache_key(shard)):
                 return None
@@ -75,13 +71,12 @@ class BlockDemand:
             joined = self._fills.join(shard)
             if joined is not None:
                 return joined
-        started = shared.started.get(shard)
-        if shared.cache is not None and started is not None and not started.is_set():
+        started = shared.fill_states.starting(shard) if shared.cache is not None else None
+        if started is not None:
             # This process's fill is about to start: a short wait avoids reading the same
             # blocks twice; a fill held up by another process's download is not waited for.
             started.wait(_FILL_START_WAIT_S)
-            with shared.lock:
-                filling = shared.filling.get(shard)
+            filling = shared.fill_states.filling(shard)
             if filling is not None:
                 return filling
         if shared.cache is not None:
@@ -121,7 +116,7 @@ class BlockDemand:
         by_piece = self._pieces.by_piece(batches, first_showing=True)
         groups = _by_shard(shards, local)
         places = [
-            self._reading(shard) if shared.cache is None else shared.filling.get(shard)
+            self._reading(shard) if shared.cache is None else shared.fill_states.filling(shard)
             for shard, _ in groups
         ]
         pieces = self._start_headers_and_pieces(groups, places, by_piece)
@@ -198,12 +193,10 @@ class BlockDemand:
         shared = self._shared
         pending, self._after_pieces = self._after_pieces, []
         for shard, where, blocks in pending:
-            with shared.lock:
-                fill = shared.filling.get(shard)
-            started = shared.started.get(shard)
+            fill = shared.fill_states.filling(shard)
             if fill is not None:  # the cache fill: its long ranges bring them
                 self._request(fill, blocks, bulk=True)
-            elif shared.cache is not None and started is not None and not started.is_set():
+            elif shared.cache is not None and shared.fill_states.starting(shard) is not None:
                 self._after_pieces.append((shard, where, blocks))  # its fill is starting
             else:
                 self._request(where, blocks, bulk=True)

@@ -10,21 +10,22 @@ In cacheless mode a shard is a memory-backed partial (headers read ahead, zstd a
 digest-less shards loaded whole within the memory budget).
 
 :class:`ShardFills` is a part of :class:`~shardstream.client.reads.reads.ShardReads`, over
-its :class:`~shardstream.client.reads.shared.SharedReads`: it is the one part that writes
-the shared ``filling`` and ``complete``.
+its :class:`~shardstream.client.reads.read_state.SharedReads`: it runs the fills whose
+state (:class:`~.fill_states.FillStates`) the leases schedule and the demand reads.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shardstream.client.cache.private_paths import open_private
+from shardstream.client.reads.block_sources import NodeSharing
+from shardstream.client.reads.fill_states import FillAttempt
 from shardstream.client.reads.memory import check_budget
-from shardstream.client.reads.partial import NodeSharing, PartialShard
+from shardstream.client.reads.partial import PartialShard
 from shardstream.client.reads.queue import FILL
 from shardstream.client.reads.ranges import block_size_of
 from shardstream.client.reads.refetch import refetched
@@ -33,7 +34,7 @@ from shardstream.hashing import choose_verify_algo
 from shardstream.mds import decompress_shard
 
 if TYPE_CHECKING:
-    from shardstream.client.reads.shared import SharedReads
+    from shardstream.client.reads.read_state import SharedReads
 
 __all__ = ["ShardFills", "fetch_shard"]
 
@@ -75,12 +76,11 @@ class ShardFills:
         source, local = self._shared.catalog.locate(shard)
         return lambda p: fetch_shard(source, local, p)
 
-    def fill_into(
-        self, shard: int, started: threading.Event | None = None
-    ) -> Callable[[Path], bool]:
+    def fill_into(self, shard: int, scheduled: FillAttempt | None = None) -> Callable[[Path], bool]:
         """The cache's fetch function for a ranged shard: fill ``target`` block by block
         (demand first), verify, and let the cache publish it (without hashing it again
-        where every block was checked against its digest on arrival)."""
+        where every block was checked against its digest on arrival). ``scheduled``: the
+        attempt the leases queued it as (``None``: a lease's own fill)."""
         shared = self._shared
 
         def fill(target: Path) -> bool:
@@ -116,25 +116,20 @@ class ShardFills:
             )
             if early is not None:
                 partial.adopt(early)  # blocks read before this fill started: not twice
-            with shared.lock:
-                shared.filling[shard] = partial
-            if started is not None:
-                started.set()  # readers waiting for this fill use it from now on
+            states = shared.fill_states
+            attempt = states.run(shard, partial, scheduled)  # readers use it from now on
             try:
                 # The header first, as a batch's read: the batches' block reads need its
                 # offsets, and the fill's first range must not hold it back behind 8 MB.
                 partial.reader()
                 partial.wait_all(FILL)
                 partial.verify_whole()
-                reader = partial.reader()
-                with shared.lock:
-                    shared.complete[shard] = reader
+                states.complete(attempt, partial.reader())
             except BaseException as exc:
                 partial.fail(exc)
                 raise
             finally:
-                with shared.lock:
-                    shared.filling.pop(shard, None)
+                states.end(attempt)
                 partial.close_file()
             if shared.memory is not None:
                 shared.memory.drop(shard)

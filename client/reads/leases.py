@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -26,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from shardstream.client.reads.fill_states import FillAttempt
 from shardstream.client.reads.fills import ShardFills
-from shardstream.client.reads.shared import SharedReads
+from shardstream.client.reads.read_state import SharedReads
 from shardstream.errors import ConfigError
 from shardstream.mds import ShardReader
 
@@ -68,7 +68,9 @@ class ShardLeases:
         link with them (they start with the next chunk, adopting the blocks read)."""
         shared = self._shared
         for shard in (int(s) for s in shards):
-            if shard in self._open or shard in self._pending or shard in shared.complete:
+            if shard in self._open or shard in self._pending:
+                continue
+            if shared.fill_states.completed(shard) is not None:
                 continue
             if shared.cache is None:
                 self._pending[shard] = self._pool_get().submit(self._fills.open_memory, shard)
@@ -77,23 +79,23 @@ class ShardLeases:
                 continue
             if shared.cache.contains(shared.catalog.cache_key(shard)):
                 continue  # warm: no thread, no lock; the lease pins it when needed
-            started = shared.started[shard] = threading.Event()
-            self._pending[shard] = self._pool_get().submit(self._prefetch_one, shard, started)
+            attempt = shared.fill_states.schedule(shard)
+            self._pending[shard] = self._pool_get().submit(self._prefetch_one, shard, attempt)
 
-    def _prefetch_one(self, shard: int, started: threading.Event) -> None:
+    def _prefetch_one(self, shard: int, attempt: FillAttempt) -> None:
         shared = self._shared
         assert shared.cache is not None
         source, local = shared.catalog.locate(shard)
         info = source.shards[local]
         ranged = shared.ranged(shard)
-        fetch = self._fills.fill_into(shard, started) if ranged else self._fills.whole(shard)
+        fetch = self._fills.fill_into(shard, attempt) if ranged else self._fills.whole(shard)
         try:
             hashes = info.raw_data.hashes
             shared.cache.prefetch(
                 source.cache_key(local), fetch, size=info.raw_data.bytes, hashes=hashes
             )
         finally:
-            started.set()
+            shared.fill_states.give_up(attempt)  # ended unless its fill ran
 
     def in_flight(self) -> int:
         """Downloads started by this process and not yet finished."""
@@ -134,8 +136,7 @@ class ShardLeases:
             stack.close()
             raise
         self._open[shard] = (reader, stack)
-        with shared.lock:
-            shared.complete.pop(shard, None)
+        shared.fill_states.leased(shard)
         if shared.memory is not None:
             shared.memory.drop(shard)
         return reader
@@ -167,9 +168,7 @@ class ShardLeases:
         for _, stack in self._open.values():
             stack.close()
         self._open.clear()
-        with self._shared.lock:
-            filling = list(self._shared.filling.values())
-        for partial in filling:
+        for partial in self._shared.fill_states.running():
             partial.fail(ConfigError("the shard reads were closed"))
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)

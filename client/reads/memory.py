@@ -7,7 +7,7 @@ fetched, the least recently used blocks that no batch in the look-ahead wants ar
 (the kernel frees their pages), headers excepted.
 
 Bytes are fetched about once per epoch per *node*: the node's reading processes (ranks,
-DataLoader or loader workers) find each other's memory files (:mod:`memory_peers`) and
+DataLoader or loader workers) find each other's memory files (:mod:`.peer_files`) and
 copy blocks another one already fetched, checked against their digests, instead of
 fetching them; only blocks two processes want before either has them are fetched twice.
 A block is fetched twice by one process only if the budget forced it out before its last
@@ -29,8 +29,10 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from shardstream.client.reads.partial import BlockStats, NodeSharing, PartialShard
-from shardstream.client.reads.peers import MemoryPeers
+from shardstream.client.reads.block_sources import NodeSharing
+from shardstream.client.reads.io import BlockStats
+from shardstream.client.reads.partial import PartialShard
+from shardstream.client.reads.peer_files import MemoryPeers
 from shardstream.client.reads.queue import RangeQueue
 from shardstream.client.reads.ranges import block_size_of
 from shardstream.client.reads.refetch import refetched
@@ -122,7 +124,7 @@ class MemoryShards:
         gone or not yet full size.
 
         The blocks in it are used where they lie once their digests match
-        (:func:`~shardstream.client.reads.io.blocks_in_place`), blocks fetched here are
+        (:func:`~shardstream.client.reads.block_sources.blocks_in_place`), blocks fetched here are
         written into it for the filler, and the node's claims keep a block from being
         fetched by both. Nothing of it is ever freed here (it is the node's file); once
         the filler publishes it, this open file is the published shard."""

@@ -36,19 +36,19 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from shardstream.client.reads.block_sources import NodeSharing, read_blocks
 from shardstream.client.reads.blocks import BlockTable
 from shardstream.client.reads.header import ShardHeader
 from shardstream.client.reads.io import BlockStats, punch_hole, pwrite_all
 from shardstream.client.reads.pieces import PieceReader
 from shardstream.client.reads.queue import DEMAND, RangeQueue
 from shardstream.client.reads.requests import BlockRequests, ReadJob
-from shardstream.client.reads.sharing import NodeSharing, read_blocks
 from shardstream.errors import StorageError
 from shardstream.hashing import verify_file
 from shardstream.mds import ShardInfo, ShardReader
 from shardstream.storage import ObjectStore
 
-__all__ = ["BlockStats", "NodeSharing", "PartialShard"]
+__all__ = ["PartialShard"]
 
 I64 = npt.NDArray[np.int64]
 
@@ -234,7 +234,7 @@ class PartialShard:
             self._cond.notify_all()
 
     def _fetch_claimed(self, first: int, last: int) -> None:
-        """Blocks ``first..last`` into this shard's file (:func:`~.sharing.read_blocks`)."""
+        """Blocks ``first..last`` into this shard's file (:func:`~.block_sources.read_blocks`)."""
         self.write(read_blocks(self, first, last))
 
     # -- the file ---------------------------------------------------------------------

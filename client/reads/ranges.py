@@ -22,7 +22,6 @@ __all__ = [
     "block_size_of",
     "blocks_between",
     "blocks_of_samples",
-    "blocks_of_spans",
     "coalesce",
     "header_bytes",
     "lengthen",

@@ -1,10 +1,11 @@
-"""What the parts of one process's read path share: the shards, the settings, the fills.
+"""The state the parts of one process's read path share, and its one lock.
 
 :class:`~shardstream.client.reads.reads.ShardReads` is composed of parts (demand, fills,
-leases) over one :class:`SharedReads`: the catalog of shards (:class:`ShardCatalog`), the
-options, the node cache, the counters, the node's memory peers, the range queue and the
-memory-held shards (both made on first use), each shard's read mode, and the state of this
-process's cache fills, which the fills write and the demand and the leases read.
+leases) over one :class:`SharedReads`: the catalog of shards
+(:class:`~.catalog.ShardCatalog`), the options, the node cache, the counters, the node's
+peer files, the range queue and the memory-held shards (both made on first use), each
+shard's read mode, and the state of this process's cache fills
+(:class:`~.fill_states.FillStates`, changed only by its named transitions).
 """
 
 from __future__ import annotations
@@ -13,15 +14,13 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-import numpy.typing as npt
-
 from shardstream.client.cache.shard_cache import ShardCache
 from shardstream.client.options import ReadOptions
+from shardstream.client.reads.catalog import ShardCatalog
+from shardstream.client.reads.fill_states import FillStates
 from shardstream.client.reads.io import BlockStats
 from shardstream.client.reads.memory import MemoryShards
-from shardstream.client.reads.partial import PartialShard
-from shardstream.client.reads.peers import MemoryPeers
+from shardstream.client.reads.peer_files import MemoryPeers
 from shardstream.client.reads.policy import (
     LightShards,
     ReadMode,
@@ -31,51 +30,18 @@ from shardstream.client.reads.policy import (
 )
 from shardstream.client.reads.queue import RangeQueue
 from shardstream.client.sources.source import ResolvedSource
-from shardstream.mds import ShardInfo, ShardReader
 
-__all__ = ["ShardCatalog", "SharedReads", "source_connections"]
-
-
-class ShardCatalog:
-    """The shards of one or more sources by *global* index: the sources' shard lists
-    concatenated in source order, as the epoch plan numbers them. Never changes."""
-
-    def __init__(self, sources: Sequence[ResolvedSource]) -> None:
-        self.sources = list(sources)
-        counts = [len(s.shards) for s in self.sources]
-        self._offsets: npt.NDArray[np.int64] = np.concatenate([[0], np.cumsum(counts)]).astype(
-            np.int64
-        )
-
-    def __len__(self) -> int:
-        return int(self._offsets[-1])
-
-    def locate(self, shard: int) -> tuple[ResolvedSource, int]:
-        """(source, shard index within it) of a global shard index."""
-        src = int(np.searchsorted(self._offsets, shard, side="right")) - 1
-        return self.sources[src], shard - int(self._offsets[src])
-
-    def info(self, shard: int) -> ShardInfo:
-        """The index entry of ``shard``."""
-        source, local = self.locate(shard)
-        return source.shards[local]
-
-    def cache_key(self, shard: int) -> str:
-        """The node cache's key of ``shard``."""
-        source, local = self.locate(shard)
-        return source.cache_key(local)
+__all__ = ["SharedReads", "source_connections"]
 
 
 @dataclass
 class SharedReads:
     """The state the parts of one process's read path share (see the module docstring).
 
-    Invariant: this process fills a shard into the cache's download file at most once at
-    a time; while it does, the shard is in :attr:`filling`, then (verified and complete) in
-    :attr:`complete` until a lease of the published file takes over; ``started[shard]``
-    is set once that fill runs (or gave up). :attr:`lock` guards :attr:`filling`,
-    :attr:`complete` and the first creation of the queue and the memory; the parts take
-    no lock of each other. The catalog, options, cache, counters and peers never change.
+    Invariant: the catalog, options, cache, counters and peers never change; the fills'
+    state changes only through :attr:`fill_states` (its own lock); :attr:`light` only through
+    :meth:`start_pass`; the queue and the memory-held shards are made once, under the
+    private lock. The parts take no lock of each other.
     """
 
     catalog: ShardCatalog
@@ -87,16 +53,12 @@ class SharedReads:
     stats: BlockStats
     peers: MemoryPeers = field(default_factory=MemoryPeers)
     """The node's other reading processes' memory files (they read each other's blocks)."""
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    filling: dict[int, PartialShard] = field(default_factory=dict)
-    """This process's running fills of the cache's download file, by shard."""
-    complete: dict[int, ShardReader] = field(default_factory=dict)
-    """Fills that completed, until their published file is leased."""
-    started: dict[int, threading.Event] = field(default_factory=dict)
-    """Set once this process's fill of the shard runs (or gave up): readers wait a moment
-    for it rather than read the same blocks twice."""
+    fill_states: FillStates = field(default_factory=FillStates)
+    """This process's fills of the node cache's download files: scheduled by the leases,
+    run by the fills, read by the demand."""
     light: LightShards = field(default_factory=LightShards)
     """The current pass's shards read by piece or sparsely (:func:`~.policy.light_shards`)."""
+    _lock: threading.Lock = field(default_factory=threading.Lock)
     _ranged: dict[int, bool] = field(default_factory=dict)
     _queue: RangeQueue | None = None
     _memory: MemoryShards | None = None
@@ -134,9 +96,17 @@ class SharedReads:
             shard, ranged=self.ranged(shard), light=self.light, cached=not self.cacheless
         )
 
+    def start_pass(self, light: LightShards) -> None:
+        """A pass starts with ``light`` as its light shards: in cache mode, the blocks held
+        in memory of the last pass's unfilled shards that this pass fills are freed."""
+        if self._memory is not None and not self.cacheless:
+            for shard in self.light.unfilled - light.unfilled:
+                self._memory.drop(shard)
+        self.light = light
+
     def queue(self) -> RangeQueue:
         """The process's range queue (made on first use)."""
-        with self.lock:  # prefetch threads and the reader race to build it
+        with self._lock:  # prefetch threads and the reader race to build it
             if self._queue is None:
                 threads = max(
                     self.options.download_threads, source_connections(self.catalog.sources)
@@ -148,7 +118,7 @@ class SharedReads:
     def memory_shards(self) -> MemoryShards:
         """The memory-held shards (made on first use)."""
         queue = self.queue()
-        with self.lock:
+        with self._lock:
             if self._memory is None:
                 self._memory = MemoryShards(
                     queue=queue,
@@ -167,7 +137,7 @@ class SharedReads:
         if self._queue is not None:
             self._queue.close()
             self._queue = None
-        self.complete.clear()
+        self.fill_states.close()
 
 
 def source_connections(sources: Sequence[ResolvedSource]) -> int:

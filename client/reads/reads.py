@@ -2,7 +2,7 @@
 
 A :class:`ShardReads` lives in one process (the main process or one worker) and brings
 shard bytes into it. It is composed of explicit parts over one explicit shared state
-(:class:`~shardstream.client.reads.shared.SharedReads`):
+(:class:`~shardstream.client.reads.read_state.SharedReads`):
 
 - :class:`~shardstream.client.reads.demand.BlockDemand` -- the blocks (or pieces) the next
   batches need, fetched first and waited for;
@@ -11,7 +11,7 @@ shard bytes into it. It is composed of explicit parts over one explicit shared s
 - :class:`~shardstream.client.reads.leases.ShardLeases` -- shards leased from the node
   cache and opened, and the downloads that run ahead of them;
 - the memory-held shards (:class:`~shardstream.client.reads.memory.MemoryShards`) and the
-  node's memory peers (:class:`~shardstream.client.reads.peers.MemoryPeers`), in the shared
+  node's memory peers (:class:`~shardstream.client.reads.peer_files.MemoryPeers`), in the shared
   state since every part uses them.
 
 How each shard is read (whole, ranged, sparse, by piece) and the cold-start rules are
@@ -32,13 +32,14 @@ import numpy as np
 
 from shardstream.client.cache.shard_cache import ShardCache
 from shardstream.client.options import CacheOptions, ReadOptions
+from shardstream.client.reads.catalog import ShardCatalog
 from shardstream.client.reads.demand import BlockDemand
 from shardstream.client.reads.fills import ShardFills
 from shardstream.client.reads.io import BlockStats
 from shardstream.client.reads.leases import ShardLeases
 from shardstream.client.reads.memory_need import check_memory_need
 from shardstream.client.reads.policy import ShardFacts, fills_now, light_shards
-from shardstream.client.reads.shared import ShardCatalog, SharedReads
+from shardstream.client.reads.read_state import SharedReads
 from shardstream.client.sources.source import ResolvedSource
 from shardstream.mds import ShardReader
 
@@ -137,10 +138,7 @@ class ShardReads:
         light = light_shards(
             plan.shards.tolist(), list(plan.shares), lambda s: ShardFacts.of(catalog.info(s))
         )
-        if shared.memory is not None and not shared.cacheless:
-            for shard in shared.light.unfilled - light.unfilled:
-                shared.memory.drop(shard)
-        shared.light = light
+        shared.start_pass(light)
         if shared.cacheless:  # refuse a budget that would thrash, before reads
             need, last = plan.memory()
             check_memory_need(shared.options.memory_budget_bytes, need)

@@ -15,7 +15,7 @@ import pytest
 
 from shardstream.client import CacheOptions
 from shardstream.client.cache.shard_cache import ShardCache
-from shardstream.client.reads.peers import MemoryPeers
+from shardstream.client.reads.peer_files import MemoryPeers
 from shardstream.client.sources.index_cache import cached_index
 from shardstream.errors import ConfigError
 from shardstream.mds import MDSIndex

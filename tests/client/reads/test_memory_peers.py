@@ -16,7 +16,7 @@ import pytest
 
 from shardstream.client import PlanOptions, ReadOptions, ShardstreamLoader, StreamingDataset
 from shardstream.client.cache.keys import key_to_name
-from shardstream.client.reads.peers import BlockClaims, MemoryPeers
+from shardstream.client.reads.peer_files import BlockClaims, MemoryPeers
 from tests.client.reads.test_ranged_reads import N, _through, _upload, _write, tokens_of
 from tests.fixtures.cloud_emulator import CloudEmulator
 from tests.fixtures.cloud_emulator_fixture import _cloud_emulator_process, cloud_emulator
@@ -145,8 +145,8 @@ def test_a_folder_others_can_write_is_not_used(tmp_path: Path) -> None:
 def test_a_peer_serves_the_blocks_it_holds_and_only_those(tmp_path: Path) -> None:
     """Block by block: a peer holding block 1 of 0..2 serves it; its hole (block 0) and a
     block with one flipped byte (block 2) are not taken, so only they are fetched."""
+    from shardstream.client.reads.block_sources import read_peer_blocks
     from shardstream.client.reads.io import BlockStats
-    from shardstream.client.reads.sharing import read_peer_blocks
 
     shard, data = _small_shard(tmp_path / "ds")
     peer = bytearray(len(data))  # a peer's memory file: holes where it fetched nothing
@@ -169,8 +169,8 @@ def test_blocks_a_shared_download_file_holds_are_used_in_place(tmp_path: Path) -
     """The node cache's download file, written by several processes: the blocks it holds
     verified are found where they lie (a hole and a block with a flipped byte are not),
     and nothing is copied out of it."""
+    from shardstream.client.reads.block_sources import blocks_in_place
     from shardstream.client.reads.io import BlockStats
-    from shardstream.client.reads.sharing import blocks_in_place
 
     shard, data = _small_shard(tmp_path / "ds")
     shared = bytearray(len(data))  # full size, holes where nobody wrote yet

@@ -102,7 +102,7 @@ def test_first_batch_reads_pieces_and_the_sequence_is_unchanged(
             late.append(args[1])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr("shardstream.client.reads.sharing.read_verified", gated)
+    monkeypatch.setattr("shardstream.client.reads.block_sources.read_verified", gated)
     ds = _open(dataset, *options("first"))
     batches = iter(ds)  # kept: closing it waits for the reads in flight
     first = next(batches)
@@ -110,7 +110,7 @@ def test_first_batch_reads_pieces_and_the_sequence_is_unchanged(
     del batches
     ds.stream.close()
     assert len(first["id"]) == BATCH and not late
-    monkeypatch.setattr("shardstream.client.reads.sharing.read_verified", real)
+    monkeypatch.setattr("shardstream.client.reads.block_sources.read_verified", real)
 
     by_piece = _ids(_open(dataset, *options("on")))
     by_block = _ids(_open(dataset, *options("off", piece_read_batches=0)))

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
+from shardstream.client.reads.block_sources import NodeSharing
 from shardstream.client.reads.io import BlockStats
 from shardstream.client.reads.partial import PartialShard
 from shardstream.client.reads.queue import RangeQueue
-from shardstream.client.reads.sharing import NodeSharing
 from shardstream.mds import ShardInfo, ShardReader, load_index
 from shardstream.storage import ObjectStore, open_store
 from tests.client.reads.test_ranged_reads import BLOCK, _upload, _write

@@ -20,14 +20,10 @@ import pytest
 
 from shardstream.client import CacheOptions, PlanOptions, ReadOptions, StreamingDataset
 from shardstream.client.distributed import Topology
-from shardstream.client.reads.ranges import (
-    blocks_of_samples,
-    blocks_of_spans,
-    coalesce,
-    offsets_from_index,
-)
+from shardstream.client.reads.ranges import blocks_of_samples, coalesce, offsets_from_index
 from shardstream.errors import HashMismatchError
 from shardstream.mds import MDSIndex, MDSWriter, load_index, write_shard_arrays
+from shardstream.mds._blocks import blocks_of_spans
 from shardstream.storage import open_store
 from tests.fixtures.cloud_emulator import CloudEmulator
 from tests.fixtures.cloud_emulator_fixture import _cloud_emulator_process, cloud_emulator
