@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from shardstream.client.plan._weights import MixtureSchedule
 from shardstream.errors import ConfigError
+from shardstream.plan import MixtureSchedule
 
 __all__ = [
     "CacheOptions",
@@ -98,7 +98,7 @@ class PlanOptions:
     number of samples per epoch over all sources; the weighted ones share what the
     ``repeat``/``samples`` sources leave (``None``: the weighted sources' own total).
     ``schedule`` makes the sources' weights a function of the global step or of the
-    tokens consumed (:class:`~shardstream.client.plan.MixtureSchedule`, one weight per
+    tokens consumed (:class:`~shardstream.plan.MixtureSchedule`, one weight per
     source and phase; the sources then set no weight, repeat or samples of their own;
     phases in tokens need a fixed number of tokens a step: packing with fixed ``rows``, or
     fixed-length token rows); see docs/training.md "Mixture schedules" and docs/plan.md
@@ -137,7 +137,7 @@ class PackOptions:
     segment: a document, or each ``seq_len`` piece of a longer one), ``doc_ids`` (a
     document's index in its group, -1 on padding), ``cu_seqlens`` (int32 boundaries of
     every segment and padding run of the flattened rows, for varlen attention),
-    ``truncated_tokens`` (tokens of the batch's documents that no row holds) and
+    ``truncated_tokens`` (per group, tokens of its documents that no row holds) and
     ``loss_mask`` when the dataset has ``mask_column`` (padding 0): a column of 0/1 values
     (uint8, int8 or bool), one per token of its document, else the batch is refused.
 

@@ -9,7 +9,7 @@ state stays ``(epoch, batch)``. The packing parameters are part of the plan para
 (:meth:`Packer.params`), so a resume with other packing is refused.
 
 With a fixed number of ``rows``, what does not fit is truncated. It is never lost without
-a word: each batch carries its ``truncated_tokens``, this process counts placed and
+a word: each batch carries its ``truncated_tokens`` (per group), this process counts placed and
 truncated tokens for the loader's input figures (:func:`process_pack_counts`, read like
 the storage and cache counters), and a packer warns once
 (:class:`PackingTruncationWarning`) when more than :data:`TRUNCATION_WARN_SHARE` of the
@@ -132,7 +132,8 @@ class Packer:
         A batch that needs more still works: its arrays travel pickled."""
         rows = (self.options.rows or self.group) * (self.batch_size // self.group)
         per_token = self._token_bytes + 4 + 4 + (1 if self.mask is not None else 0)
-        return rows * self.options.seq_len * per_token + 64 * len(PACKED_KEYS)
+        groups = self.batch_size // self.group  # a truncated count each
+        return rows * self.options.seq_len * per_token + 8 * groups + 64 * len(PACKED_KEYS)
 
     def adopt(self, saved: Mapping[str, Any] | None) -> None:
         """A resume keeps the saved group unless the user fixed one (the default group is
@@ -209,15 +210,19 @@ class Packer:
             bounds.append(packed.cu_seqlens[1:] + row * seq_len)
             row += layout.rows
         out["cu_seqlens"] = np.concatenate(bounds)
-        truncated = out["truncated_tokens"] = alloc("truncated_tokens", (), np.dtype(np.int64))
-        truncated[()] = self._count(layouts, docs)
+        # Per group, so the ranks' arrays of a step concatenate to the same global array
+        # on every world size (as the rows do).
+        truncated = alloc("truncated_tokens", (len(layouts),), np.dtype(np.int64))
+        truncated[:] = [layout.truncated for layout in layouts]
+        out["truncated_tokens"] = truncated
+        self._count(layouts, docs)
         if SAMPLE_ID in batch:
             out[SAMPLE_ID] = batch[SAMPLE_ID]
         return out
 
-    def _count(self, layouts: list[Layout], docs: list[npt.NDArray[Any]]) -> int:
+    def _count(self, layouts: list[Layout], docs: list[npt.NDArray[Any]]) -> None:
         """Count the batch's placed and truncated tokens (this process's figures); warn
-        once past :data:`TRUNCATION_WARN_SHARE`. Returns the batch's truncated tokens."""
+        once past :data:`TRUNCATION_WARN_SHARE`."""
         placed = sum(layout.tokens for layout in layouts)
         truncated = sum(layout.truncated for layout in layouts)
         _count_process(placed, truncated)
@@ -226,7 +231,6 @@ class Packer:
         if not self._warned and self._truncated > TRUNCATION_WARN_SHARE * self._seen:
             self._warned = True
             warnings.warn(self._truncation_message(docs), PackingTruncationWarning, stacklevel=2)
-        return truncated
 
     def _truncation_message(self, docs: list[npt.NDArray[Any]]) -> str:
         o = self.options
