@@ -64,6 +64,47 @@ def inside(folder: str | Path, name: str | Path, what: str = "file") -> Path:
     return path
 
 
+def plain_names(names: Sequence[str]) -> bool:
+    """Whether every one of ``names`` is a plain file name (no separator, not ``.`` or
+    ``..``, not empty, no NUL, encodable as a file name): checked in a few calls over all
+    of them, not one per name."""
+    joined = "\0".join(names)
+    try:
+        os.fsencode(joined)  # a lone surrogate: no file's name
+    except UnicodeError:
+        return False
+    return (
+        os.sep not in joined
+        and "/" not in joined
+        and joined.count("\0") == len(names) - 1
+        and not {"", ".", ".."}.intersection(names)
+    )
+
+
+def names_inside(folder: str | Path, names: Sequence[str], what: str = "file") -> None:
+    """Every one of ``names`` checked as :func:`inside` checks one, in time for millions.
+
+    Resolving each name stats every component of its path (a LitData index of a million
+    chunks spent 65 s there). But a plain name (:func:`plain_names`) can lead out of the
+    folder only as a symlink, and one listing of the folder says which of its entries are
+    symlinks: where every name is plain, only those are resolved; else every name is, and
+    :func:`inside` names the first bad one.
+    """
+    plain = plain_names(names)
+    links: set[str] = set()
+    if plain:
+        try:
+            with os.scandir(folder) as entries:
+                links = {e.name for e in entries if e.is_symlink()}
+        except OSError:  # a folder that cannot be listed: resolve every name
+            plain = False
+        if plain and not links:
+            return
+    for name in names:  # in order: the first bad one is named
+        if not plain or name in links:
+            inside(folder, name, what)
+
+
 def _matches(arg: str, suffixes: tuple[str, ...], confined: bool) -> list[Path]:
     if any(ch in arg for ch in _GLOB_CHARS):
         found = [Path(p) for p in glob.glob(arg, recursive=True)]

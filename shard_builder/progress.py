@@ -6,12 +6,44 @@ A build may add its own counters (documents, tokens, images, shards, MB written)
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import time
+from collections.abc import Iterator
 from types import TracebackType
 
 from tqdm import tqdm
 
 _MB = 1 << 20
+_PLANNING = contextvars.ContextVar("shardstream_planning_progress", default=False)
+
+
+@contextlib.contextmanager
+def planning_progress(enabled: bool) -> Iterator[None]:
+    """Let :func:`planning_bar` show bars while a build plans its input (``enabled``: the
+    build's ``progress`` option). Planning runs before the build's own bar exists, in
+    format code that takes no options, so the switch is held here for its duration."""
+    token = _PLANNING.set(enabled)
+    try:
+        yield
+    finally:
+        _PLANNING.reset(token)
+
+
+def planning_bar(total: int, desc: str, *, long: bool = True) -> tqdm:  # type: ignore[type-arg]
+    """A bar over ``total`` bytes for a step of planning that takes long (``long``: reading
+    a big index, say), shown only inside :func:`planning_progress` with progress on; it
+    disappears when closed."""
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        disable=not (long and _PLANNING.get()),
+        dynamic_ncols=True,
+        leave=False,
+    )
 
 
 class BuildProgress:

@@ -36,6 +36,7 @@ from shardstream.shard_builder.importers.spool import SPOOL_DIR, clear_spool, sp
 from shardstream.shard_builder.importers.unit import EncodedUnit, UnitTask, encode_unit, schema_of
 from shardstream.shard_builder.journal import fingerprint, shard_key
 from shardstream.shard_builder.pipeline import BuildKind, BuildRun, run_build
+from shardstream.shard_builder.progress import planning_progress
 from shardstream.shard_builder.result import BadInput, BuildResult
 
 IMPORTER_VERSION = 1
@@ -272,7 +273,8 @@ class ImportKind(BuildKind):
             "webdataset": "key" if config.keep_key else "",
             "hf": HfOption(config.split, config.documents, config.vocab_size).encode(),
         }.get(config.format, config.split)
-        self.files = [replace(u, option=option) for u in fmt.plan(config.inputs, option)]
+        with planning_progress(config.progress):
+            self.files = [replace(u, option=option) for u in fmt.plan(config.inputs, option)]
         if not self.files:
             raise InputError(
                 f"import {config.format}: no input files in {', '.join(config.inputs)}"
@@ -302,11 +304,12 @@ class ImportKind(BuildKind):
     def units(self) -> Sequence[SourceUnit]:
         if self._parts is None:
             fmt, part_bytes = self._format, self.config.part_bytes
-            self._parts = [
-                (i, part)
-                for i, f in enumerate(self.files)
-                for part in (fmt.split(f, part_bytes) if fmt.split else [f])
-            ]
+            with planning_progress(self.config.progress):
+                self._parts = [
+                    (i, part)
+                    for i, f in enumerate(self.files)
+                    for part in (fmt.split(f, part_bytes) if fmt.split else [f])
+                ]
             # From the first part, not the whole file (a TFRecord part is read in one piece).
             self.columns = _infer_columns(self.config.format, [u for _, u in self._parts])
             self._units = [u for _, u in self._parts]

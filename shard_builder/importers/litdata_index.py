@@ -10,20 +10,24 @@ process (a big folder's index is megabytes), for a remote folder through the sto
 
 from __future__ import annotations
 
+import array
 import decimal
 import functools
 import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from operator import itemgetter, methodcaller
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from shardstream.errors import InputError, ObjectNotFoundError
+from shardstream.shard_builder.importers.json_stream import load_streaming
 from shardstream.shard_builder.importers.source import SourceUnit
-from shardstream.shard_builder.inputs import inside
+from shardstream.shard_builder.inputs import names_inside, plain_names
+from shardstream.shard_builder.progress import planning_bar
 from shardstream.storage import ObjectStore, open_store
 
 SCALARS = frozenset({"bytes", "str", "int", "float", "bool"})
@@ -36,6 +40,7 @@ NUMPY_CODES = {code: np.dtype(name) for code, name in enumerate(_NUMPY)}
 TORCH_CODES = {code: np.dtype(name) for code, name in enumerate(_TORCH) if name}
 _INDEXES: dict[tuple[str, int], LitIndex] = {}  # (source, mtime_ns) -> index, this process's
 _KEPT_INDEXES = 8
+BIG_INDEX = 8 << 20  # chars of an index.json (about 100,000 chunks) read with a progress bar
 
 
 @dataclass(frozen=True)
@@ -75,23 +80,33 @@ class LitIndex:
 
 
 def read_index(source: str) -> LitIndex:
-    """``source``'s ``index.json`` (only that file of a remote folder is read)."""
+    """``source``'s ``index.json`` (only that file of a remote folder is read).
+
+    The chunk list is parsed one entry at a time (:mod:`.json_stream`) into arrays, with a
+    progress bar for a big one while the build plans; the chunk names are checked in bulk
+    (:func:`~shardstream.shard_builder.inputs.names_inside`): a million chunks take seconds
+    and a few hundred megabytes, not minutes and gigabytes."""
     store = store_of(source) if "://" in source else None
     path = f"{source.rstrip('/')}/index.json" if store else os.path.abspath(source) + "/index.json"
     try:
         raw = store.read_bytes("index.json") if store else Path(path).read_bytes()
-        meta = json.loads(raw)
-        chunks = meta["chunks"]
-        names = tuple(str(c["filename"]) for c in chunks)
-        if any(os.path.basename(n) != n or n in ("", ".", "..") for n in names):
+        text = raw.decode("utf-8")
+        del raw
+        chunks = _Chunks()
+        with planning_bar(len(text), "read index.json", long=len(text) >= BIG_INDEX) as bar:
+            meta = load_streaming(text, "chunks", chunks.take, lambda at: bar.update(at - bar.n))
+        del text
+        if "chunks" not in meta:
+            raise KeyError("chunks")
+        if not plain_names(chunks.names):
             raise ValueError("a chunk file name is not a plain file name")
         index = LitIndex(
             source if store else os.path.abspath(source),
             dict(meta["config"]),
-            names,
-            np.array([int(c["chunk_size"]) for c in chunks], np.int64),
-            np.array([-1 if c.get("dim") is None else int(c["dim"]) for c in chunks], np.int64),
-            np.array([int(c.get("chunk_bytes") or 0) for c in chunks], np.int64),
+            tuple(chunks.names),
+            np.array(chunks.items, np.int64),
+            np.array(chunks.dims, np.int64),
+            np.array(chunks.sizes, np.int64),
             # A remote folder's stamp is the one LitData writes (an object has no mtime).
             _stamp(meta.get("updated_at")) if store else Path(path).stat().st_mtime_ns,
             store,
@@ -103,13 +118,31 @@ def read_index(source: str) -> LitIndex:
         raise InputError(f"{source}: not a LitData optimized folder ({path}: {exc})") from exc
     if (index.items < 0).any() or (index.sizes < 0).any() or (index.dims < -1).any():
         raise InputError(f"{path}: a chunk with a negative chunk_size, chunk_bytes or dim")
-    if store is None:
-        for name in index.names:  # no chunk read through a symlink that leads out
-            inside(index.source, name, "LitData chunk")
+    if store is None:  # no chunk read through a symlink that leads out
+        names_inside(index.source, index.names, "LitData chunk")
     if len(_INDEXES) >= _KEPT_INDEXES:
         _INDEXES.pop(next(iter(_INDEXES)))
     _INDEXES[(source, index.mtime_ns)] = index
     return index
+
+
+class _Chunks:
+    """The fields of each ``index.json`` chunk entry, kept as the entries are parsed, a
+    list of entries at a time (the counts as int64 arrays, which refuse a count past 64
+    bits)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.items = array.array("q")  # chunk_size
+        self.dims = array.array("q")  # dim (-1: none)
+        self.sizes = array.array("q")  # chunk_bytes (0: none)
+
+    def take(self, chunks: list[Any]) -> None:
+        self.names.extend(map(str, map(itemgetter("filename"), chunks)))
+        self.items.extend(map(int, map(itemgetter("chunk_size"), chunks)))
+        dims = list(map(methodcaller("get", "dim"), chunks))
+        self.dims.extend([-1 if dim is None else int(dim) for dim in dims])
+        self.sizes.extend([int(c.get("chunk_bytes") or 0) for c in chunks])
 
 
 def index_of(unit: SourceUnit) -> LitIndex:
