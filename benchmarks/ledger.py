@@ -57,7 +57,7 @@ def _plan_state() -> tuple[dict[str, Any], str, int]:
     """The plan parameters, fingerprint and batches per epoch of the benchmark's run."""
     import numpy as np
 
-    from shardstream.client.plan import EpochPlan, PlanConfig, SourceSpec
+    from shardstream.plan import EpochPlan, PlanConfig, SourceSpec
 
     config = PlanConfig(seed=0, global_batch_size=GLOBAL_BATCH, num_partitions=64)
     spec = SourceSpec(shard_sizes=np.full(SHARDS, 4096, dtype=np.int64), name="bench@1")
@@ -69,8 +69,8 @@ def _plan_state() -> tuple[dict[str, Any], str, int]:
 def client_state(step: int, world_size: int) -> dict[str, Any]:
     """What the client commits after ``step`` steps (client/_server.py: the state plus
     world size and session), for server_load._seed's version ``bench@1``."""
-    from shardstream.client.plan import PLAN_ALGORITHM
     from shardstream.client.state import ReaderState
+    from shardstream.plan import PLAN_ALGORITHM
 
     params, fingerprint, per_epoch = _plan_state()
     state = ReaderState(

@@ -34,8 +34,7 @@ from functools import partial
 import numpy as np
 from numpy.typing import NDArray
 
-from shardstream.client.plan import EpochPlan, PlanConfig, SourceSpec
-from shardstream.client.plan._defaults import default_shape
+from shardstream.plan import EpochPlan, PlanConfig, SourceSpec, default_shape
 
 I64 = NDArray[np.int64]
 BATCH = 256

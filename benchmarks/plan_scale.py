@@ -54,8 +54,7 @@ def _sizes(samples: int, shards: int) -> NDArray[np.int64]:
 def child_ours(samples: int, shards: int, shape: str = "one") -> dict[str, Any]:
     """``shape``: ``one`` partition a rank; ``default``: the loader's default for this world
     size (4 a rank); ``resumed``: that default read by half the ranks (after a resume)."""
-    from shardstream.client.plan import EpochPlan, PlanConfig, SourceSpec
-    from shardstream.client.plan._defaults import default_shape
+    from shardstream.plan import EpochPlan, PlanConfig, SourceSpec, default_shape
 
     sizes = _sizes(samples, shards)
     world = NODES * RANKS

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
         ServerOptions,
         Source,
     )
-    from shardstream.client.plan import MixtureSchedule, Phase
     from shardstream.client.state import ReaderState
+    from shardstream.plan import MixtureSchedule, Phase
 
 __all__ = [
     "CacheOptions",

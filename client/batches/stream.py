@@ -27,16 +27,24 @@ from shardstream.client.batches.sample_transform import SampleStage, SampleTrans
 from shardstream.client.batches.step_tokens import tokens_per_step
 from shardstream.client.distributed import Topology
 from shardstream.client.options import CacheOptions, PackOptions, PlanOptions, ReadOptions
-from shardstream.client.plan import PLAN_ALGORITHM, MixtureSchedule, PlanConfig, SourceSpec
-from shardstream.client.plan._defaults import adopt_saved, default_shape
-from shardstream.client.plan._fingerprint import plan_fingerprint
-from shardstream.client.plan._scheduled import AnyPlan, check_schedule, make_plan
 from shardstream.client.reads.io import BlockStats
 from shardstream.client.reads.memory_need import window_need_bytes
 from shardstream.client.reads.reads import ReadPass, ShardReads
 from shardstream.client.sources.source import ResolvedSource
 from shardstream.client.state import ReaderState
 from shardstream.errors import ConfigError, PlanError, ResumeError
+from shardstream.plan import (
+    PLAN_ALGORITHM,
+    AnyPlan,
+    MixtureSchedule,
+    PlanConfig,
+    SourceSpec,
+    adopt_saved,
+    check_schedule,
+    default_shape,
+    make_plan,
+    plan_fingerprint,
+)
 
 __all__ = ["BatchStream", "BatchTransform"]
 

@@ -9,7 +9,7 @@ resumed from the previous one's checkpoint. Checked, per pair of consecutive che
   the previous checkpoint (step and committing attempt), so no commit of an abandoned
   or unrelated start is in the history;
 * positions: the global position (samples since the run's start, through the epoch sizes
-  recomputed here with :mod:`shardstream.client.plan` from the server's shard index, not
+  recomputed here with :mod:`shardstream.plan` from the server's shard index, not
   taken from the client) advances by the same number of samples per training step
   everywhere (the run's *rate*): a gap is a skipped batch, a step back a batch read
   twice, and a jump at a resume a model step that does not match the loader's position;

@@ -75,9 +75,13 @@ def plan_facts(session: Session, params: object, versions: tuple[str, ...]) -> P
 
 def _epoch_size(params: Mapping[str, Any], totals: list[int], batch: int) -> int:
     """Samples one epoch consumes: ``num_batches x batch``, as the plan computes it."""
-    from shardstream.client.plan import MixtureSchedule, PlanConfig, SourceSpec
-    from shardstream.client.plan._mixture import source_totals
-    from shardstream.client.plan._scheduled import check_schedule
+    from shardstream.plan import (
+        MixtureSchedule,
+        PlanConfig,
+        SourceSpec,
+        check_schedule,
+        source_totals,
+    )
 
     config = PlanConfig(
         **{k: params[k] for k in _CONFIG_FIELDS if k in params},

@@ -6,7 +6,7 @@ schedule planned for that window.
 (``epoch``, ``sample_in_epoch``) and its plan (the schedule, the global batch size, the tail
 rule, the epoch size). The plan is a pure function of those: which source each sample of
 a global step comes from is fixed by the plan's arithmetic
-(:mod:`shardstream.client.plan._scheduled`), and the audit proves the run consumed the
+(:mod:`shardstream.plan`), and the audit proves the run consumed the
 plan's batches in order. So the samples a source gave over steps ``[a, b)`` are counted
 here from the plan, with no extra figures from the client, as differences of cumulative
 counts (:meth:`MixturePlan.cumulative`): whole segments (constant pieces of the schedule
@@ -39,10 +39,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from shardstream.client.plan._scheduled import segment_counts, segments_of, split_by_weights
-from shardstream.client.plan._weights import MixtureSchedule
 from shardstream.errors import PlanError, RequestValidationError
 from shardstream.mds import tokens_per_sample
+from shardstream.plan import MixtureSchedule, segment_counts, segments_of, split_by_weights
 from shardstream.server.models import CheckpointRow, RunMixtureRow, RunSourceRow, VersionRow, utcnow
 from shardstream.wire import MAX_STEPS, MixtureWindow, RunMixtureHistory
 from shardstream.wire._mixture import MAX_MIXTURE_WINDOWS

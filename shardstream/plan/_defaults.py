@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from shardstream.client.plan._config import PlanConfig, SourceSpec
+from shardstream.plan._config import PlanConfig, SourceSpec
 
 __all__ = ["PARTITIONS_PER_RANK", "adopt_saved", "default_shape", "rank_window_shards"]
 

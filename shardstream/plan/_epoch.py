@@ -27,13 +27,13 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from shardstream.client.plan._bijection import derive_key, permute
-from shardstream.client.plan._config import PlanConfig, SourceSpec
-from shardstream.client.plan._fingerprint import plan_fingerprint
-from shardstream.client.plan._mixing import mix_positions
-from shardstream.client.plan._mixture import SpanTable, build_spans, source_totals
-from shardstream.client.plan._schedule import PlanView, rank_schedule, rank_shard_items
 from shardstream.errors import PlanError
+from shardstream.plan._bijection import derive_key, permute
+from shardstream.plan._config import PlanConfig, SourceSpec
+from shardstream.plan._fingerprint import plan_fingerprint
+from shardstream.plan._mixing import mix_positions
+from shardstream.plan._mixture import SpanTable, build_spans, source_totals
+from shardstream.plan._schedule import PlanView, rank_schedule, rank_shard_items
 
 I64 = NDArray[np.int64]
 

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shardstream.client.plan._config import PlanConfig, SourceSpec
+from shardstream.plan._config import PlanConfig, SourceSpec
 
 if TYPE_CHECKING:
-    from shardstream.client.plan._weights import MixtureSchedule
+    from shardstream.plan._weights import MixtureSchedule
 
 
 SCHEDULED_ORDER = 2

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from shardstream.client.plan._bijection import keys_for, permute
+from shardstream.plan._bijection import keys_for, permute
 
 I64 = NDArray[np.int64]
 

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from shardstream.client.plan._bijection import derive_key, keys_for
-from shardstream.client.plan._config import PlanConfig, SourceSpec
 from shardstream.errors import PlanError
+from shardstream.plan._bijection import derive_key, keys_for
+from shardstream.plan._config import PlanConfig, SourceSpec
 
 I64 = NDArray[np.int64]
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from shardstream.client.plan._mixing import plain_blocks, shifted_blocks
+from shardstream.plan._mixing import plain_blocks, shifted_blocks
 
 I64 = NDArray[np.int64]
 

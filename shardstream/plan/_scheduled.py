@@ -33,13 +33,13 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from shardstream.client.plan._bijection import derive_key, permute
-from shardstream.client.plan._config import PlanConfig, SourceSpec
-from shardstream.client.plan._epoch import PLAN_ALGORITHM, EpochPlan
-from shardstream.client.plan._fingerprint import plan_fingerprint
-from shardstream.client.plan._mixture import SpanTable, build_spans
-from shardstream.client.plan._weights import MixtureSchedule
 from shardstream.errors import PlanError
+from shardstream.plan._bijection import derive_key, permute
+from shardstream.plan._config import PlanConfig, SourceSpec
+from shardstream.plan._epoch import PLAN_ALGORITHM, EpochPlan
+from shardstream.plan._fingerprint import plan_fingerprint
+from shardstream.plan._mixture import SpanTable, build_spans
+from shardstream.plan._weights import MixtureSchedule
 
 I64 = NDArray[np.int64]
 
@@ -64,7 +64,7 @@ def epoch_segments(
 
     Steps count global batches over the run: epoch ``e`` is steps ``[e N, (e + 1) N)``.
 
-    >>> from shardstream.client.plan._weights import Phase
+    >>> from shardstream.plan._weights import Phase
     >>> s = MixtureSchedule([Phase(until=15, weights=(1, 0)), Phase(weights=(0, 1))])
     >>> epoch_segments(s, 1, 10)
     [(0, 5, (1.0, 0.0)), (5, 10, (0.0, 1.0))]
@@ -166,7 +166,7 @@ class ScheduledPlan:
 
     Speaks :class:`~._epoch.EpochPlan`'s interface (what a reader and the audit use).
 
-    >>> from shardstream.client.plan._weights import Phase
+    >>> from shardstream.plan._weights import Phase
     >>> cfg = PlanConfig(seed=1, global_batch_size=4)
     >>> srcs = [SourceSpec(shard_sizes=np.array([8, 8])), SourceSpec(shard_sizes=np.array([16]))]
     >>> plan = ScheduledPlan(srcs, cfg, 0, MixtureSchedule(

@@ -36,6 +36,6 @@ def test_exported_names_are_exactly_these_and_sorted() -> None:
 
 def test_importing_the_plan_does_not_import_torch() -> None:
     """The plan is pure numpy: planning tools must not pay for torch."""
-    code = "import sys, shardstream.client.plan; print('torch' in sys.modules)"
+    code = "import sys, shardstream.plan, shardstream.client.plan; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 from shardstream.api_client import APIClient
-from shardstream.client.plan import EpochPlan, PlanConfig, SourceSpec
 from shardstream.mds import MDSIndex
+from shardstream.plan import EpochPlan, PlanConfig, SourceSpec
 from shardstream.shard_builder.publish import register_index
 from tests.fixtures.server import LiveServer
 from tests.harness.compare import check_elastic_resume, check_reference, check_same_world_resume

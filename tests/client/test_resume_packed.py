@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardstream.client.plan import MixtureSchedule, Phase
 from shardstream.client.state import ReaderState
 from shardstream.mds import MDSWriter
+from shardstream.plan import MixtureSchedule, Phase
 from tests.harness.compare import check_elastic_resume, check_reference
 from tests.harness.config import DataSettings, TrainerConfig
 from tests.harness.records import AttemptLog, IdArray, checkpoint_path, load_checkpoint

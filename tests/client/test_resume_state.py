@@ -15,9 +15,9 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 import shardstream.client.batches.stream as stream_module
 from shardstream.client import CacheOptions, PlanOptions, StreamingDataset
-from shardstream.client.plan import PLAN_ALGORITHM
 from shardstream.client.state import STATE_FORMAT, ReaderState
 from shardstream.errors import ResumeError
+from shardstream.plan import PLAN_ALGORITHM
 from tests.client.test_dataset_support import ids_of, write_tokens
 
 N = 240

@@ -22,8 +22,8 @@ from shardstream.client import (
     StreamingDataset,
     Topology,
 )
-from shardstream.client.plan import MixtureSchedule, Phase
 from shardstream.errors import ConfigError, ResumeError
+from shardstream.plan import MixtureSchedule, Phase
 from shardstream.shard_builder.publish import register_index
 from tests.client.test_dataset_support import write_documents, write_tokens
 from tests.fixtures.server import LiveServer

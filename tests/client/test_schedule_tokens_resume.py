@@ -20,8 +20,8 @@ from shardstream.client import (
     StreamingDataset,
     Topology,
 )
-from shardstream.client.plan import MixtureSchedule, Phase
 from shardstream.errors import ConfigError, ResumeError
+from shardstream.plan import MixtureSchedule, Phase
 from tests.client.test_dataset_support import TOKENS, write_documents, write_tokens
 
 GLOBAL_BATCH = 8

@@ -108,7 +108,7 @@ def _build_shardstream_loader(cfg: TrainerConfig, rank: int, world_size: int) ->
         ReadOptions,
         ServerOptions,
     )
-    from shardstream.client.plan import MixtureSchedule
+    from shardstream.plan import MixtureSchedule
 
     data = cfg.data
     dataset = StreamingDataset(

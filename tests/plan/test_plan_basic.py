@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shardstream.client.plan import EpochPlan, PlanConfig, SourceSpec
 from shardstream.errors import PlanError
+from shardstream.plan import EpochPlan, PlanConfig, SourceSpec
 
 
 def test_exports() -> None:
-    import shardstream.client.plan as plan
+    import shardstream.plan as plan
 
     # Sorted as ruff's RUF022 keeps it: constants, then classes, then functions.
     def kind(name: str) -> tuple[int, str]:

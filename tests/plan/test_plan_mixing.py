@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from shardstream.client.plan import EpochPlan, PlanConfig, SourceSpec
+from shardstream.plan import EpochPlan, PlanConfig, SourceSpec
 
 PER_SHARD = 2048
 SHARDS = 96

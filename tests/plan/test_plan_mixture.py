@@ -12,9 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
-from shardstream.client.plan import PLAN_ALGORITHM, EpochPlan, PlanConfig, SourceSpec
-from shardstream.client.plan._fingerprint import plan_fingerprint
 from shardstream.errors import PlanError
+from shardstream.plan import PLAN_ALGORITHM, EpochPlan, PlanConfig, SourceSpec, plan_fingerprint
 
 SETTINGS = settings(
     max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
-from shardstream.client.plan import EpochPlan, PlanConfig, SourceSpec, Tail
+from shardstream.plan import EpochPlan, PlanConfig, SourceSpec, Tail
 
 SETTINGS = settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
@@ -265,7 +265,7 @@ def test_rank_schedule_brackets_every_read(case: Case, data: st.DataObject) -> N
 def test_staggered_blocks_keep_items_within_two_plain_blocks(v: int, size: int, key: int) -> None:
     """The mixing stages form a bijection, and the item at any position comes from one of
     the (at most two) plain blocks its shifted block overlaps: one window of items."""
-    from shardstream.client.plan._mixing import mix_positions, plain_blocks, shifted_blocks
+    from shardstream.plan._mixing import mix_positions, plain_blocks, shifted_blocks
 
     t = np.arange(size, dtype=np.int64)
     part = np.zeros(size, dtype=np.int64)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from shardstream.client.plan import EpochPlan, PlanConfig, SourceSpec
+from shardstream.plan import EpochPlan, PlanConfig, SourceSpec
 
 CONFIGS: list[dict[str, Any]] = [
     {"sizes": [37, 0, 50, 12, 99, 3], "seed": 7, "batch": 8, "parts": 2, "tail": "pad"},
@@ -25,7 +25,7 @@ CONFIGS: list[dict[str, Any]] = [
 SCRIPT = """
 import hashlib, json, sys
 import numpy as np
-from shardstream.client.plan import EpochPlan, PlanConfig, SourceSpec
+from shardstream.plan import EpochPlan, PlanConfig, SourceSpec
 out = []
 for c in json.loads(sys.argv[1]):
     cfg = PlanConfig(seed=c["seed"], global_batch_size=c["batch"], num_partitions=c["parts"],

@@ -13,7 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
-from shardstream.client.plan import (
+from shardstream.errors import PlanError
+from shardstream.plan import (
+    DEFAULT_RAMP_STEPS,
     EpochPlan,
     MixtureSchedule,
     Phase,
@@ -21,8 +23,6 @@ from shardstream.client.plan import (
     ScheduledPlan,
     SourceSpec,
 )
-from shardstream.client.plan._weights import DEFAULT_RAMP_STEPS
-from shardstream.errors import PlanError
 
 SETTINGS = settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True

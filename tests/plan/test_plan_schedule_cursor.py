@@ -10,9 +10,15 @@ from typing import Any
 
 import numpy as np
 
-from shardstream.client.plan import MixtureSchedule, Phase, PlanConfig, ScheduledPlan, SourceSpec
-from shardstream.client.plan._fingerprint import plan_fingerprint
-from shardstream.client.plan._scheduled import (
+from shardstream.plan import (
+    MixtureSchedule,
+    Phase,
+    PlanConfig,
+    ScheduledPlan,
+    SourceSpec,
+    plan_fingerprint,
+)
+from shardstream.plan._scheduled import (
     earlier_totals,
     segment_counts,
     segments_of,

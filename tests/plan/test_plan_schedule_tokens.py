@@ -12,9 +12,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardstream.client.plan import MixtureSchedule, Phase, PlanConfig, ScheduledPlan, SourceSpec
-from shardstream.client.plan._fingerprint import plan_fingerprint
 from shardstream.errors import PlanError
+from shardstream.plan import (
+    MixtureSchedule,
+    Phase,
+    PlanConfig,
+    ScheduledPlan,
+    SourceSpec,
+    plan_fingerprint,
+)
 
 SOURCES = [SourceSpec(shard_sizes=np.full(8, 25), name="web@v1"),
            SourceSpec(shard_sizes=np.full(4, 25), name="code@v1")]  # fmt: skip

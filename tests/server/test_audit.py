@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from shardstream.api_client.cli import _audit as cli_audit
-from shardstream.client.plan import MixtureSchedule, Phase
+from shardstream.plan import MixtureSchedule, Phase
 from shardstream.server.data import audit as audit_data
 from shardstream.server.data.audit_plans import plan_facts
 from shardstream.server.models import CheckpointRow

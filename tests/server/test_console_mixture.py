@@ -9,7 +9,7 @@ import numpy as np
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from shardstream.client.plan import MixtureSchedule, Phase, PlanConfig, ScheduledPlan, SourceSpec
+from shardstream.plan import MixtureSchedule, Phase, PlanConfig, ScheduledPlan, SourceSpec
 from shardstream.server.console.mixture import mixture_view
 from tests.server.conftest import ADMIN, make_published
 from tests.server.test_console import sign_in

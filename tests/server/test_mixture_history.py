@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from shardstream.client.plan import MixtureSchedule, Phase, PlanConfig, ScheduledPlan, SourceSpec
+from shardstream.plan import MixtureSchedule, Phase, PlanConfig, ScheduledPlan, SourceSpec
 from shardstream.server.console.headers import POLICY
 from shardstream.server.data.mixture_history import MixturePlan
 from shardstream.server.models import RunMixtureRow

@@ -13,8 +13,8 @@ import pytest
 from shardstream.api_client import APIClient
 from shardstream.api_client._mixture_view import RECENT_WINDOWS, mixture_lines
 from shardstream.cli import main
-from shardstream.client.plan import MixtureSchedule, Phase
 from shardstream.mds import MDSWriter, load_index
+from shardstream.plan import MixtureSchedule, Phase
 from shardstream.wire import RunMixtureHistory
 from tests.fixtures.server import LiveServer
 
