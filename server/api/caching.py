@@ -1,38 +1,14 @@
-"""ETags, cache headers and in-memory snapshots of immutable (published) versions."""
+"""ETags and cache headers of immutable (published) versions' answers.
+
+The snapshots they are computed from live with the use cases
+(:mod:`shardstream.server.services.snapshots`)."""
 
 from __future__ import annotations
 
 from fastapi import Request, Response
 
-from shardstream.errors import ConflictError
-from shardstream.server.data import versions as versions_data
-from shardstream.server.published import PublishedCache, VersionSnapshot
-
 IMMUTABLE = "private, max-age=31536000, immutable"
 NO_STORE = "no-store"
-
-
-async def version_snapshot(request: Request, name: str, number: int) -> VersionSnapshot:
-    """Version ``number`` of ``name``: from memory when published, else from the database
-    (404 when there is no such version)."""
-    cache: PublishedCache = request.app.state.published
-    factory = request.app.state.read_sessions
-
-    def load() -> VersionSnapshot:
-        with factory() as session:
-            return versions_data.snapshot(versions_data.find(session, name, number), name)
-
-    return await cache.version(name, number, load)
-
-
-def published_only(version: VersionSnapshot, what: str) -> None:
-    """409 unless ``version`` is published."""
-    if not version.published:
-        raise ConflictError(
-            f"version {version.number} of {version.dataset!r} is {version.status}; {what} is "
-            "served for published versions only",
-            409,
-        )
 
 
 def not_modified(request: Request, etag: str | None) -> Response | None:

@@ -5,15 +5,16 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request, Response, status
-from sqlalchemy.orm import Session
 
-from shardstream.errors import ConflictError
 from shardstream.server.api.deps import ERRORS, Cursor, Limit, Reader, RunId, SessionDep, Writer
 from shardstream.server.data import attempts as attempts_data
 from shardstream.server.data import audit_answer, mixture_history
 from shardstream.server.data import checkpoints as checkpoints_data
 from shardstream.server.data import input_stats as input_stats_data
 from shardstream.server.data import runs as data
+from shardstream.server.services import attempts, checkpoints
+from shardstream.server.services import runs as runs_service
+from shardstream.server.services.checkpoints import CommitResult
 from shardstream.wire import (
     AttemptCreate,
     AttemptPublic,
@@ -33,17 +34,12 @@ router = APIRouter(prefix="/v1/runs", tags=["runs"], responses=ERRORS)
 Step = Annotated[int, Path(ge=0, le=2**62, description="training step")]
 
 
-def _with_input(session: Session, run: RunPublic) -> RunPublic:
-    """``run`` with its input verdict (the same on every route that returns a run)."""
-    return run.model_copy(update={"input": input_stats_data.summaries(session, [run.id])[run.id]})
-
-
 @router.post("", status_code=status.HTTP_201_CREATED)
 def create_run(body: RunCreate, session: SessionDep, who: Writer) -> RunPublic:
     """Register a run reading one or more published versions with weights; it belongs to
     the calling token (``owner``), which alone (with admins over all its datasets) may
     commit to it and change its status."""
-    return _with_input(session, data.create(session, body, created_by=who))
+    return runs_service.create(session, body, who=who)
 
 
 @router.get("")
@@ -52,26 +48,20 @@ def list_runs(
 ) -> Page[RunPublic]:
     """Runs by id, a page at a time, each with its input verdict (``input``: whether it
     waits for data; one grouped query per page)."""
-    page = data.page(session, cursor=cursor, limit=limit, allowed=who.datasets)
-    found = input_stats_data.summaries(session, [r.id for r in page.items])
-    items = [r.model_copy(update={"input": found[r.id]}) for r in page.items]
-    return Page[RunPublic](items=items, next_cursor=page.next_cursor)
+    return runs_service.page(session, cursor=cursor, limit=limit, who=who)
 
 
 @router.get("/{run_id}")
 def get_run(run_id: RunId, session: SessionDep, who: Reader) -> RunPublic:
     """One run (the token needs read access to all its datasets)."""
-    data.require_readable(session, who, run_id)
-    return _with_input(
-        session, data.to_public(data.get(session, run_id), data.sources(session, run_id))
-    )
+    return runs_service.get(session, run_id, who=who)
 
 
 @router.patch("/{run_id}")
 def update_run(run_id: RunId, body: RunUpdate, session: SessionDep, who: Writer) -> RunPublic:
     """Set a run's status (its owner, or an admin over all its datasets); a run that is no
     longer ``running`` stops protecting its datasets."""
-    return _with_input(session, data.set_status(session, run_id, body.status, who=who))
+    return runs_service.set_status(session, run_id, body.status, who=who)
 
 
 @router.post(
@@ -90,22 +80,9 @@ def commit_checkpoint(
 ) -> CheckpointPublic:
     """Commit the data position at a step: 201 new, 200 same state again, 409 otherwise;
     403 unless the caller owns the run or is an admin over all its datasets."""
-    data.require_named_datasets(who, data.named_versions(body.plan))
-    metric = request.app.state.metrics.checkpoint_commits
-    try:
-        checkpoint, result = checkpoints_data.commit(session, run_id, body, who=who)
-    except ConflictError:
-        metric.labels("conflict").inc()
-        session.rollback()  # nothing of the refused commit, but the refusal, is kept
-        checkpoints_data.record_refused(session, run_id, body)
-        session.commit()
-        raise
-    metric.labels(result.value).inc()
-    if result is checkpoints_data.CommitResult.created:  # a new position: its windows
-        mixture_history.record(session, run_id, body.epoch, body.sample_in_epoch, body.plan)
-    if body.stats is not None:  # every rank's own figures, replays of the step included
-        input_stats_data.record(session, run_id, body.step, body.stats)
-    if result is checkpoints_data.CommitResult.unchanged:
+    metrics = request.app.state.metrics
+    checkpoint, result = checkpoints.commit(session, metrics, run_id, body, who=who)
+    if result is CommitResult.unchanged:
         response.status_code = status.HTTP_200_OK
     return checkpoint
 
@@ -147,15 +124,7 @@ def register_attempt(
     and the loader's position disagree, when the loader reads other versions or global
     batches than the run, or when ranks of one start disagree (the attempt is then marked
     disputed: none of its commits is accepted)."""
-    named = {"versions": body.versions, "changes": body.changes}
-    data.require_named_datasets(who, data.named_versions(named))
-    try:
-        attempt, created = attempts_data.register(session, run_id, body, who=who)
-    except attempts_data.DisputedError as exc:
-        session.rollback()  # the refused registration leaves nothing but the dispute
-        attempts_data.mark_disputed(session, run_id, exc.number, str(exc))
-        session.commit()
-        raise
+    attempt, created = attempts.register(session, run_id, body, who=who)
     if not created:
         response.status_code = status.HTTP_200_OK
     return attempt

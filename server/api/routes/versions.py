@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-from contextlib import nullcontext
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Request, Response, status
-from fastapi.concurrency import run_in_threadpool
 
-from shardstream.errors import ConflictError
-from shardstream.server.api.caching import not_modified, set_cache_headers, version_snapshot
+from shardstream.server.api.caching import not_modified, set_cache_headers
 from shardstream.server.api.deps import (
     ERRORS,
     Cursor,
@@ -23,9 +19,10 @@ from shardstream.server.api.deps import (
     Writer,
 )
 from shardstream.server.data import datasets as datasets_data
-from shardstream.server.data import shards as shards_data
 from shardstream.server.data import versions as data
-from shardstream.server.stores import confined_root, verify_within
+from shardstream.server.services.parts import ServerParts
+from shardstream.server.services.publish import publish
+from shardstream.server.services.snapshots import version_snapshot
 from shardstream.wire import (
     Page,
     Scope,
@@ -113,7 +110,7 @@ async def get_version(
 ) -> Any:
     """One version; published versions carry an ETag and answer 304 to If-None-Match."""
     who.require_dataset(name)
-    version = await version_snapshot(request, name, number)
+    version = await version_snapshot(ServerParts.of(request.app.state), name, number)
     etag = version.etag()
     cached = not_modified(request, etag)
     if cached is not None:
@@ -159,12 +156,7 @@ def add_shards(
 
 @router.post("/{number}/publish")
 async def publish_version(
-    *,
-    name: DatasetName,
-    number: VersionNumber,
-    request: Request,
-    who: Writer,
-    settings: SettingsDep,
+    *, name: DatasetName, number: VersionNumber, request: Request, who: Writer
 ) -> VersionPublic:
     """Check every shard in storage (exists, stated size), then publish.
 
@@ -172,45 +164,7 @@ async def publish_version(
     one short session, checked within ``SHARDSTREAM_STORAGE_DEADLINE_S`` (504 after), and
     a second short transaction publishes the draft if it did not change meanwhile.
     """
-    who.require_dataset(name)
-    state = request.app.state
-    what = f"version {number} of {name!r}"
-
-    def load() -> tuple[VersionPublic | None, str, list[tuple[str, int]]]:
-        with state.read_sessions() as session:
-            row = data.get(session, datasets_data.get(session, name), number)
-            if row.status == "published":
-                return data.to_public(row, name), row.storage_root, []
-            if row.status != "draft":
-                raise ConflictError(f"{what} is {row.status}; it cannot be published", 409)
-            if row.num_shards == 0:
-                raise ConflictError(f"{what} has no shards; add shards before publishing", 409)
-            shards = [(s.key, s.stored_bytes) for s in shards_data.iter_rows(session, row.id)]
-            return None, row.storage_root, shards
-
-    done, root, shards = await run_in_threadpool(load)
-    if done is not None:
-        return done
-    confined_root(root, settings.resolved_storage_roots, what)
-    store = state.stores.get(root)
-    await verify_within(state.stores, store, shards, settings.storage_deadline_s, what)
-
-    def mark() -> VersionPublic:
-        with state.write_sessions() as session:
-            dataset = datasets_data.get(session, name)
-            published = data.mark_published(
-                session, dataset, number, num_shards=len(shards), storage_root=root
-            )
-            public = data.to_public(published, name)
-            session.commit()
-            return public
-
-    # SQLite has one writer at a time: queue on the app's write gate like other writes.
-    gate: asyncio.Lock | None = getattr(state, "write_gate", None)
-    async with gate if gate is not None else nullcontext():
-        public = await run_in_threadpool(mark)
-    state.metrics.publishes.inc()
-    return public
+    return await publish(ServerParts.of(request.app.state), who, name, number)
 
 
 @router.post("/{number}/abort")
