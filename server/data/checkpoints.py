@@ -255,6 +255,45 @@ def latest(session: Session, run_id: int) -> CheckpointPublic:
     return to_public(row)
 
 
+def newest_rows(session: Session, run_ids: Sequence[int]) -> dict[int, CheckpointRow]:
+    """Each run's checkpoint row with the highest step, by run id (runs without any are
+    left out): one grouped query for a page of runs. Every committed row counts, one a
+    rollback superseded too: it is where the run's data stood last."""
+    if not run_ids:
+        return {}
+    last = (
+        select(CheckpointRow.run_id, func.max(CheckpointRow.step).label("step"))
+        .where(CheckpointRow.run_id.in_(run_ids))
+        .group_by(CheckpointRow.run_id)
+        .subquery()
+    )
+    rows = session.scalars(
+        select(CheckpointRow).join(
+            last, (CheckpointRow.run_id == last.c.run_id) & (CheckpointRow.step == last.c.step)
+        )
+    ).all()
+    return {r.run_id: r for r in rows}
+
+
+def recent_rows(session: Session, run_id: int, limit: int) -> list[CheckpointRow]:
+    """The run's last ``limit`` checkpoint rows (superseded ones too), oldest first."""
+    rows = session.scalars(
+        select(CheckpointRow)
+        .where(CheckpointRow.run_id == run_id)
+        .order_by(CheckpointRow.step.desc())
+        .limit(limit)
+    )
+    return list(rows)[::-1]
+
+
+def count(session: Session, run_id: int) -> int:
+    """How many checkpoint rows the run has (superseded ones too)."""
+    total = session.scalar(
+        select(func.count()).select_from(CheckpointRow).where(CheckpointRow.run_id == run_id)
+    )
+    return int(total or 0)
+
+
 def page(
     session: Session, run_id: int, *, cursor: str | None, limit: int
 ) -> Page[CheckpointPublic]:

@@ -46,6 +46,30 @@ def sources(session: Session, run_id: int) -> list[RunSourceRow]:
     )
 
 
+def rows_by_id(session: Session, run_ids: Sequence[int]) -> dict[int, RunRow]:
+    """The runs with ``run_ids`` (those that exist), by id: one query for a page of runs."""
+    return {r.id: r for r in session.scalars(select(RunRow).where(RunRow.id.in_(run_ids)))}
+
+
+def sources_with_samples(
+    session: Session, run_ids: Sequence[int]
+) -> dict[int, list[tuple[RunSourceRow, int]]]:
+    """Each run's sources in order with their version's samples (0 where the version is
+    gone), for every id in ``run_ids``: one query for a page of runs."""
+    out: dict[int, list[tuple[RunSourceRow, int]]] = {i: [] for i in run_ids}
+    if not run_ids:
+        return out
+    rows = session.execute(
+        select(RunSourceRow, VersionRow.total_samples)
+        .outerjoin(VersionRow, VersionRow.id == RunSourceRow.version_id)
+        .where(RunSourceRow.run_id.in_(run_ids))
+        .order_by(RunSourceRow.run_id, RunSourceRow.position)
+    ).all()
+    for src, samples in rows:
+        out[src.run_id].append((src, int(samples or 0)))
+    return out
+
+
 def to_public(row: RunRow, srcs: list[RunSourceRow]) -> RunPublic:
     """A run as the API returns it."""
     return RunPublic(

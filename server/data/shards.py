@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Set
 
-from sqlalchemy import Text, cast, select
+from sqlalchemy import Text, asc, cast, desc, select
 from sqlalchemy.orm import Session
 
 from shardstream.errors import NotFoundError
@@ -28,6 +28,28 @@ def chunk(session: Session, version_id: int, *, start: int, limit: int) -> list[
             .limit(limit)
         )
     )
+
+
+SORTS = {"idx": ShardRow.idx, "samples": ShardRow.samples, "bytes": ShardRow.raw_bytes}
+"""The orders a version's shards can be listed in by :func:`sorted_rows` (by name)."""
+
+
+def sorted_rows(
+    session: Session, version_id: int, *, sort: str, descending: bool, offset: int, limit: int
+) -> list[ShardRow]:
+    """At most ``limit`` shards of a version after the first ``offset`` in the order
+    :data:`SORTS` names ``sort`` (ties by index): the console's sortable shard table.
+    Offset pages, unlike the API's keyset pages: a person jumps to page 40 of a sort."""
+    key = SORTS[sort]
+    ordering = (desc(key) if descending else asc(key), ShardRow.idx)
+    rows = session.scalars(
+        select(ShardRow)
+        .where(ShardRow.version_id == version_id)
+        .order_by(*ordering)
+        .offset(offset)
+        .limit(limit)
+    )
+    return list(rows)
 
 
 # The JSON columns are read as their stored text and spliced into the page as is: parsing
