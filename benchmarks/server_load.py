@@ -21,6 +21,8 @@ of the server, the load generator and PostgreSQL:
 - **start-up + canary**: every rank starts up back to back (saturating the server) while
   a canary commits ``--canary`` checkpoints on a connection of its own; the canary's
   latency p50/p99 is what a training loop's commit sees under a starting job's reads.
+- **health under load**: ``/healthz`` and ``/readyz`` probed during the same phase, as
+  Kubernetes probes them: the latency their probe timeouts must allow.
 - **route: version / index page / index.json / presign**: one kind of request at a time,
   printed with the server's requests per CPU-second for that route.
 
@@ -214,6 +216,7 @@ async def _rank(
 
 READ_LOAD = "start-up + canary"
 CANARY = "canary commits"
+HEALTH = "health under load"
 
 
 def _routes(args: argparse.Namespace) -> list[tuple[str, str, str, bytes | None]]:
@@ -247,6 +250,19 @@ async def _canary(
         await _timed(client, canary, "POST", f"/v1/runs/{run_id}/checkpoints", body)
         await asyncio.sleep(args.canary_every_ms / 1000)
     reads.stop = True
+    await client.close()
+
+
+async def _prober(port: int, phases: dict[str, Phase]) -> None:
+    """``/healthz`` and ``/readyz`` as Kubernetes asks them (no token, a connection of
+    their own, one every 100 ms) while the ranks saturate the server with start-up reads:
+    the latency a probe's timeout must allow."""
+    client = RawClient("127.0.0.1", port, {})
+    reads, health = phases[READ_LOAD], phases[HEALTH]
+    while not reads.stop:
+        for path in ("/healthz", "/readyz"):
+            await _timed(client, health, "GET", path)
+        await asyncio.sleep(0.1)
     await client.close()
 
 
@@ -383,7 +399,7 @@ async def _load(
 ) -> dict[str, Phase]:
     names = ["start-up, saturated", _paced(args), "checkpoints", READ_LOAD]
     names += [route for route, *_ in _routes(args)]
-    phases = {name: Phase() for name in [*names, CANARY]}
+    phases = {name: Phase() for name in [*names, CANARY, HEALTH]}
     gates = [asyncio.Event() for _ in names]
     t0 = [0.0]
     headers = {"Authorization": f"Bearer {token}"}
@@ -393,12 +409,14 @@ async def _load(
         for r in range(args.ranks)
     ]
     canary: asyncio.Task[None] | None = None
+    prober: asyncio.Task[None] | None = None
     for name, gate in zip(names, gates, strict=True):
         phase = phases[name]
         before = cpu()
         t0[0] = start = time.perf_counter()
         if name == READ_LOAD:
             canary = asyncio.create_task(_canary(args, port, headers, runs[-1], phases))
+            prober = asyncio.create_task(_prober(port, phases))
         gate.set()
         while phase.done < args.ranks and not any(t.done() for t in tasks):
             await asyncio.sleep(0.002)
@@ -407,8 +425,8 @@ async def _load(
         n = max(1, len(phase.latencies))
         phase.cpu_ms = {who: (after[who] - before[who]) * 1000 / n for who in before}
         phase.per_cpu_s(after["server"] - before["server"])
-    await asyncio.gather(*tasks, *([canary] if canary else []))
-    phases[CANARY].wall_s = phases[READ_LOAD].wall_s
+    await asyncio.gather(*tasks, *(t for t in (canary, prober) if t is not None))
+    phases[CANARY].wall_s = phases[HEALTH].wall_s = phases[READ_LOAD].wall_s
     for client in clients:
         await client.close()
     return phases
@@ -497,7 +515,14 @@ def run_backend(backend: str, args: argparse.Namespace) -> dict[str, dict[str, f
 
         if uvloop is not None:
             uvloop.install()
+        load_before = os.getloadavg()[0]
         phases = asyncio.run(_load(args, srv.port, token, runs, cpu))
+        # The machine's load beside the figures: a shared machine's other work shows here.
+        print(
+            f"{backend}: load average (1 min) {load_before:.1f} before, "
+            f"{os.getloadavg()[0]:.1f} after, {os.cpu_count()} CPUs",
+            file=sys.stderr,
+        )
         for name, phase in phases.items():
             for kind, count in sorted(phase.error_kinds.items()):
                 print(f"{backend} {name} errors: {count} x {kind}", file=sys.stderr)

@@ -21,7 +21,7 @@ from shardstream.server import handlers, migrate
 from shardstream.server.api.deps import authenticate
 from shardstream.server.api.routes import datasets, health, runs, shards, tokens, versions
 from shardstream.server.auth import TokenCache
-from shardstream.server.budget import TokenBudget, TokenBudgetGuard
+from shardstream.server.budget import TokenAccounts, TokenBudget, TokenBudgetGuard
 from shardstream.server.config import Settings, get_settings
 from shardstream.server.console import pages as console
 from shardstream.server.console.headers import ConsoleHeaders
@@ -36,6 +36,7 @@ from shardstream.server.db import (
     make_sessionmaker,
     wait_for_database,
 )
+from shardstream.server.health_gate import HealthGate
 from shardstream.server.limits import BodyLimits, RequestGuard
 from shardstream.server.logs import configure_logging
 from shardstream.server.metrics import RUN_METRICS_LIMIT, MetricsMiddleware, ServerMetrics
@@ -135,15 +136,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         timeout_s=settings.body_timeout_s,
     )
     # Inside the guard: only an authenticated commit whose body has arrived holds reads.
-    app.add_middleware(WritePriority)
+    app.add_middleware(WritePriority, read_slots=settings.read_slots)
     app.add_middleware(RequestGuard, limits=limits, authenticate=authenticate)
-    # Outside the guard: a token over its budget is refused before its body is read.
-    budget = TokenBudget(
-        concurrency=settings.token_concurrency,
-        busy_s=settings.token_busy_s,
-        burst_s=settings.token_burst_s,
+    # Outside the guard: a caller over its budget is refused before its body is read.
+    accounts = TokenAccounts(
+        TokenBudget(
+            concurrency=settings.token_concurrency,
+            busy_s=settings.token_busy_s,
+            burst_s=settings.token_burst_s,
+        )
     )
-    app.add_middleware(TokenBudgetGuard, budget=budget)
+    app.state.token_accounts = accounts  # the sign-in route charges the token too
+    app.add_middleware(TokenBudgetGuard, accounts=accounts, authenticate=authenticate)
+    app.add_middleware(HealthGate, engine=engine)  # probes wait in no queue
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     if settings.console:
         app.add_middleware(ConsoleHeaders)  # outermost: the guard's answers under /ui too

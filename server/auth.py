@@ -29,6 +29,9 @@ from shardstream.wire import Scope
 _RANK = {Scope.read: 0, Scope.write: 1, Scope.admin: 2}
 SECRET_PREFIX = "ss_"
 BOOTSTRAP_PRINCIPAL = "admin"  # the principal of the SHARDSTREAM_ADMIN_TOKEN secret
+PRINCIPAL = "shardstream.principal"
+"""ASGI scope key of the authenticated caller (set by ``api.deps.authenticate``, read by
+the middleware that needs to know who is calling)."""
 
 
 def new_secret() -> str:
@@ -50,6 +53,10 @@ class Principal:
     datasets: frozenset[str] | None = None  # None: every dataset
     token_id: int | None = None  # None: the bootstrap admin secret
     expires_at: datetime | None = None
+
+    def has(self, scope: Scope) -> bool:
+        """Whether this token's scope includes ``scope``."""
+        return _RANK[self.scope] >= _RANK[scope]
 
     def require(self, scope: Scope) -> None:
         """Raise 403 unless this token's scope includes ``scope``."""
@@ -164,10 +171,14 @@ def matches_admin_secret(secret: str, admin_secret: str | None) -> bool:
     return hmac.compare_digest(hash_secret(secret), hash_secret(admin_secret))
 
 
+class UnknownTokenError(AuthenticationError):
+    """401 for a secret no token has: the console words it for a browser user."""
+
+
 def principal_for(row: TokenRow | None, now: datetime) -> Principal:
     """Turn a looked-up token row into a Principal, or raise 401."""
     if row is None:
-        raise AuthenticationError("unknown token: check SHARDSTREAM_TOKEN", 401)
+        raise UnknownTokenError("unknown token: check SHARDSTREAM_TOKEN", 401)
     if row.revoked_at is not None:
         raise AuthenticationError(f"token {row.name!r} was revoked", 401)
     if row.expires_at is not None and row.expires_at <= now:

@@ -74,6 +74,13 @@ class Settings(BaseSettings):
     )
     migrate_on_start: bool = True
     db_pool_size: int = Field(default=16, ge=1, le=1000)
+    read_slots: int = Field(
+        default=16,
+        ge=0,
+        le=100_000,
+        description="reads a server process works on at once, the others wait (0: no bound; "
+        "server/priority.py)",
+    )
     # Request and database limits (docs/server.md, "Request and database limits").
     max_body_bytes: int = Field(
         default=8 << 20, ge=1024, description="largest request body (413 above it)"

@@ -3,6 +3,10 @@
 Request counts and latency are labelled by route *template* (``/v1/datasets/{name}``),
 never by raw path, so label cardinality stays bounded. Entity gauges are read from the
 database at scrape time, so every replica reports the same totals.
+
+Per-run figures (:attr:`ServerMetrics.run_registry`) are exported only to a scrape that
+presents an admin token: ``/metrics`` needs no token, and its runs' figures name every
+running run of every dataset, and cost a read of their ranks' rows per scrape.
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ class ServerMetrics:
         self.publishes = Counter(
             "shardstream_version_publishes", "versions published", registry=self.registry
         )
+        self.run_registry = CollectorRegistry(auto_describe=True)
+        """The per-run figures: for admin scrapes only (see the module's docstring)."""
 
     def add_entity_collector(self, counts: Callable[[], dict[str, dict[str, int]]]) -> None:
         """Register gauges fed by ``counts()`` -> {entity: {status: n}} at scrape time."""
@@ -54,8 +60,9 @@ class ServerMetrics:
 
     def add_run_input_collector(self, runs: Callable[[], list[Any]]) -> None:
         """Register the per-run input figures, read by ``runs()`` at scrape time (a list of
-        :class:`~shardstream.server.data.input_stats.RunAggregate`)."""
-        self.registry.register(_RunInputCollector(runs))
+        :class:`~shardstream.server.data.input_stats.RunAggregate`), in
+        :attr:`run_registry`."""
+        self.run_registry.register(_RunInputCollector(runs))
 
 
 class _EntityCollector:

@@ -50,7 +50,9 @@ def test_server_load_runs_every_phase_without_errors(postgres_server_url: str) -
         assert table[(phase, "errors")][:2] == [0.0, 0.0], (phase, done.stderr[-2000:])
         assert all(v > 0 for v in table[(phase, "req/s")][:2])
     assert table[("canary commits", "requests")][:2] == [5.0, 5.0]
-    for phase in ("start-up + canary", "canary commits", "route: version", "route: presign"):
+    assert all(n > 0 for n in table[("health under load", "requests")][:2])
+    phases = ("start-up + canary", "canary commits", "health under load", "route: version")
+    for phase in (*phases, "route: presign"):
         assert table[(phase, "errors")][:2] == [0.0, 0.0], (phase, done.stderr[-2000:])
     for route in ("route: version", "route: index page", "route: presign"):
         assert table[(route, "requests")][:2] == [ranks * 2.0] * 2, route

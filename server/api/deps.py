@@ -11,8 +11,10 @@ from fastapi import Depends, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
 
+from shardstream.errors import AuthenticationError
 from shardstream.server.auth import (
     BOOTSTRAP_ADMIN,
+    PRINCIPAL,
     Principal,
     TokenCache,
     bearer_secret,
@@ -102,26 +104,35 @@ DB_CONCURRENCY = 16
 SessionDep = Annotated[Session, Depends(get_db, scope="function", max_concurrency=DB_CONCURRENCY)]
 
 
-_PRINCIPAL = "shardstream.principal"
+_FAILED = "shardstream.authentication_failed"
 
 
 async def authenticate(request: Request) -> Principal:
     """Authenticate the caller (401 when missing, unknown, revoked or expired): the bearer
     token on the API, the session cookie on console pages.
 
-    Remembered on the request: the request guard authenticates write requests before
-    their body is read, and the routes' dependencies then reuse that answer. Async on
+    Remembered on the request, failures too: the budget guard authenticates every
+    request to find its account, the request guard write requests before their body is
+    read, and the routes' dependencies then reuse that answer. Async on
     purpose: a cached token costs no thread hop; a lookup runs in the pool.
     """
-    known: Principal | None = request.scope.get(_PRINCIPAL)
+    known: Principal | None = request.scope.get(PRINCIPAL)
     if known is not None:
         return known
-    if is_console_path(request.url.path):
-        # Console pages take their session cookie and nothing else; the API never does.
-        principal = await console_sessions.resolve(request)
-    else:
-        principal = await principal_of(request, bearer_secret(request.headers.get("authorization")))
-    request.scope[_PRINCIPAL] = principal
+    failed: AuthenticationError | None = request.scope.get(_FAILED)
+    if failed is not None:  # the budget guard asked already: no second lookup
+        raise type(failed)(str(failed), failed.status)
+    try:
+        if is_console_path(request.url.path):
+            # Console pages take their session cookie and nothing else; the API never does.
+            principal = await console_sessions.resolve(request)
+        else:
+            secret = bearer_secret(request.headers.get("authorization"))
+            principal = await principal_of(request, secret)
+    except AuthenticationError as exc:
+        request.scope[_FAILED] = exc
+        raise
+    request.scope[PRINCIPAL] = principal
     return principal
 
 

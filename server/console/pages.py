@@ -22,7 +22,8 @@ from sqlalchemy.orm import Session
 
 from shardstream.errors import APIError, AuthenticationError
 from shardstream.server.api.deps import RunId, SessionDep, authenticate, principal_of
-from shardstream.server.auth import Principal
+from shardstream.server.auth import Principal, UnknownTokenError
+from shardstream.server.budget import SIGN_IN_S, TokenAccounts, principal_key
 from shardstream.server.console import display, mixture, progress, session_store
 from shardstream.server.console.input_view import sparkline
 from shardstream.server.console.mixture_chart import mixture_chart
@@ -143,6 +144,14 @@ async def login_form(
     return _page(request, "login.html", None, next=_safe_next(next), failed="")
 
 
+UNKNOWN = (
+    "this server does not know that token: paste the whole token (it starts with ss_), "
+    "or ask whoever runs this server for a new one"
+)
+"""The sign-in error for an unknown token (the API's names an environment variable that a
+browser user never set)."""
+
+
 @router.post("/login", response_class=HTMLResponse)
 async def login(request: Request) -> Response:
     check_same_site(request)
@@ -153,8 +162,18 @@ async def login(request: Request) -> Response:
         if not secret or len(secret) > 200:
             raise AuthenticationError("give a token (ss_...)", 401)
         principal = await principal_of(request, secret)
+    except UnknownTokenError:
+        return _page(request, "login.html", None, status=401, next=target, failed=UNKNOWN)
     except AuthenticationError as exc:
         return _page(request, "login.html", None, status=401, next=target, failed=str(exc))
+    # Every session a token opens is charged to it (the address paid already, in the
+    # budget guard): a token cannot open sessions by the hundred.
+    accounts: TokenAccounts = request.app.state.token_accounts
+    refused = accounts.charge(principal_key(principal), SIGN_IN_S)
+    if refused is not None:
+        page = _page(request, "login.html", None, status=429, next=target, failed=refused.detail)
+        page.headers["retry-after"] = str(refused.retry_after_s)
+        return page
     session_id = await session_store.open_session(request, secret, principal)
     response = RedirectResponse(target, status_code=303)
     set_session(response, request, session_id)

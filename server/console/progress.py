@@ -13,6 +13,7 @@ import html
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from shardstream.server.data.epoch_size import epoch_samples
 from shardstream.server.models import CheckpointRow, RunRow, RunSourceRow, utcnow
@@ -45,12 +46,16 @@ class RunProgress:
     total_samples: int | None
     last_checkpoint: datetime | None
     stale: bool
+    trained_samples: int | None = None  # an epoch's samples the loader yields (see below)
 
     @property
     def epoch_fraction(self) -> float | None:
-        """Share of the current epoch consumed (None without a checkpoint or epoch size)."""
-        if self.epoch_samples and self.sample_in_epoch is not None:
-            return min(1.0, self.sample_in_epoch / self.epoch_samples)
+        """Share of the current epoch's trained samples consumed (None without a
+        checkpoint or epoch size): a dropped tail is never trained, so an epoch read to
+        its end shows 100 %."""
+        per_epoch = self.trained_samples or self.epoch_samples
+        if per_epoch and self.sample_in_epoch is not None:
+            return min(1.0, self.sample_in_epoch / per_epoch)
         return None
 
     def age(self, now: datetime | None = None) -> timedelta | None:
@@ -58,6 +63,21 @@ class RunProgress:
         if self.last_checkpoint is None:
             return None
         return (now or utcnow()) - self.last_checkpoint
+
+
+def trained_samples(plan: dict[str, Any], per_epoch: int | None, batch: int) -> int | None:
+    """The samples an epoch of ``per_epoch`` yields in whole global batches of ``batch``:
+    the partial last batch dropped (``tail="drop"``, the default) or padded
+    (``tail="pad"``), as the plan does; the plan's own ``global_batch_size`` wins."""
+    params = plan.get("plan") if isinstance(plan.get("plan"), dict) else plan
+    size = params.get("global_batch_size") if isinstance(params, dict) else None
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        batch = size
+    if not per_epoch or batch <= 0:
+        return per_epoch
+    padded = isinstance(params, dict) and params.get("tail") == "pad"
+    batches = -(-per_epoch // batch) if padded else per_epoch // batch
+    return batches * batch
 
 
 def progress(
@@ -72,10 +92,11 @@ def progress(
     per_epoch = epoch_samples(plan, sources)
     last = latest.created_at if latest is not None else None
     stale = run.status == "running" and (now - (last or run.created_at)) > STALE_AFTER
+    trained = trained_samples(plan, per_epoch, run.global_batch_size)
     if latest is None:
-        return RunProgress(per_epoch, None, None, None, None, stale)
+        return RunProgress(per_epoch, None, None, None, None, stale, trained)
     total = latest.epoch * per_epoch + latest.sample_in_epoch if per_epoch else None
-    return RunProgress(per_epoch, latest.epoch, latest.sample_in_epoch, total, last, stale)
+    return RunProgress(per_epoch, latest.epoch, latest.sample_in_epoch, total, last, stale, trained)
 
 
 def points(checkpoints: Sequence[CheckpointRow], per_epoch: int | None) -> list[Point]:

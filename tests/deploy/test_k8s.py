@@ -65,3 +65,18 @@ def test_service_targets_the_deployment_pods() -> None:
     (deployment,) = _by_kind("Deployment")
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
+
+
+def test_probe_timeouts_leave_room_for_a_busy_server() -> None:
+    """/readyz answers 503 with its reason once the database took READY_DEADLINE_S, so the
+    readiness timeout is longer than that; Kubernetes' 1 s default is not used (probes
+    went unanswered for over 1 s under a 64-connection start-up load before the health
+    gate, and a restart-happy liveness probe only makes an overload worse)."""
+    from shardstream.server.health_gate import READY_DEADLINE_S
+
+    (deployment,) = _by_kind("Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    ready, live = container["readinessProbe"], container["livenessProbe"]
+    assert ready["timeoutSeconds"] > READY_DEADLINE_S
+    assert live["timeoutSeconds"] >= 2
+    assert live["failureThreshold"] * live["periodSeconds"] >= 30

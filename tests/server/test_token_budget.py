@@ -17,9 +17,18 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import pytest
 
 from shardstream.api_client import APIClient
-from shardstream.server.budget import DEBT_IN_FLIGHT, Refusal, Ticket, TokenAccounts, TokenBudget
+from shardstream.server.budget import (
+    DEBT_IN_FLIGHT,
+    REQUEST_S,
+    SHARED_WINDOW_S,
+    Refusal,
+    Ticket,
+    TokenAccounts,
+    TokenBudget,
+)
 from tests.fixtures.server import LiveServer, start_server
 from tests.server.conftest import make_published
 
@@ -51,16 +60,16 @@ def test_a_token_pays_its_share_of_the_server_and_waits_out_its_debt() -> None:
     other = accounts.admit("other")
     assert isinstance(other, Ticket)
     accounts.release("hostile", first)
-    accounts.release("hostile", second)  # 4 s used against a full 1 s burst: 3 s in debt
+    # 4 s used against a full 1 s burst, plus REQUEST_S a request: just over 3 s in debt
+    accounts.release("hostile", second)
+    assert accounts.balance("hostile") == pytest.approx(1.0 - 4.0 - 2 * REQUEST_S)
     broke = accounts.admit("hostile")  # while "other" has a request in the server
-    assert isinstance(broke, Refusal) and broke.retry_after_s == 6  # 3 s at 0.5 s/s
+    assert isinstance(broke, Refusal) and broke.retry_after_s == 7  # 3.004 s at 0.5 s/s
     assert "SHARDSTREAM_TOKEN_BUSY_S" in broke.detail
-    commit = accounts.admit("hostile", time_exempt=True)  # a checkpoint commit still goes
-    assert isinstance(commit, Ticket)
-    accounts.release("hostile", commit)
     clock.now += 5.0  # 2.5 s repaid: still 0.5 s in debt
     assert isinstance(accounts.admit("hostile"), Refusal)
     accounts.release("other", other)
+    clock.now += SHARED_WINDOW_S + 0.001  # "other" is gone: "hostile" is alone now
     # Alone in the server, a token in debt goes on a few requests at a time (refusing
     # it would only leave the server idle).
     alone = [accounts.admit("hostile") for _ in range(DEBT_IN_FLIGHT)]
@@ -81,7 +90,7 @@ def test_tokens_in_the_server_together_share_its_time() -> None:
     accounts.release("b", b)
     c = accounts.admit("c")  # a third token in the server: a and b are judged beside it
     assert isinstance(c, Ticket)
-    for key in ("a", "b"):  # each paid exactly its 1 s burst: balance 0, in debt
+    for key in ("a", "b"):  # each paid its 1 s burst and REQUEST_S: in debt
         refused = accounts.admit(key)
         assert isinstance(refused, Refusal), key
         assert refused.retry_after_s == 1
@@ -201,13 +210,19 @@ def test_a_flooding_token_gets_429_while_another_token_is_served(tmp_path: Path)
         assert set(served) == {200}, served  # the other token was never refused
 
 
-def test_requests_without_a_credential_and_health_checks_are_not_counted(
+def test_health_checks_are_not_counted_and_anonymous_requests_pay_by_address(
     live_server: LiveServer,
 ) -> None:
+    accounts = live_server.app.state.token_accounts
     with httpx.Client(base_url=live_server.url, timeout=30) as client:
         for _ in range(50):
             assert client.get("/healthz").status_code == 200
+            assert client.get("/readyz").status_code == 200
+            assert client.get("/metrics").status_code == 200
+        assert accounts._accounts == {}
+        for _ in range(50):
             assert client.get("/v1/datasets").status_code == 401
+        assert list(accounts._accounts) == ["address:127.0.0.1"]
 
 
 def test_the_sdk_waits_out_a_429_and_retries(tmp_path: Path) -> None:
@@ -241,3 +256,104 @@ def test_the_sdk_waits_out_a_429_and_retries(tmp_path: Path) -> None:
             assert int(refused.headers["retry-after"]) >= 0
             with APIClient(server.url, server.token) as api:
                 assert list(api.list_datasets()) == []
+
+
+def _tokens(server: LiveServer, *names: str, scope: str = "read") -> list[dict[str, str]]:
+    headers = []
+    with httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as admin:
+        for name in names:
+            made = admin.post("/v1/tokens", json={"name": name, "scopes": [scope]})
+            assert made.status_code == 201, made.text
+            headers.append({"Authorization": f"Bearer {made.json()['secret']}"})
+    return headers
+
+
+def test_a_flood_is_refused_while_another_token_keeps_being_served(tmp_path: Path) -> None:
+    """Six connections of one token read the costliest page back to back; meanwhile
+    another token reads a dataset ten times a second, with no third caller to help: every
+    one of its reads is served while the flood is going on, and the flood's requests in
+    that time are refused 429 (a caller in debt is refused beside another caller that was
+    served within SHARED_WINDOW_S, not only beside one in flight at that instant)."""
+    with start_server(
+        tmp_path / "server",
+        storage_roots=tmp_path.as_uri(),
+        token_busy_s=0.05,
+        token_burst_s=1.0,
+    ) as server:
+        with httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as admin:
+            make_published(admin, "corpus", tmp_path / "corpus", shards=200)  # type: ignore[arg-type]
+        hostile, other = _tokens(server, "hostile", "other")
+        index = "/v1/datasets/corpus/versions/1/shards?limit=1000"
+        events: list[tuple[str, str]] = []  # (who, answer) in the order they came back
+        seen: Counter[str] = Counter()
+        stop = threading.Event()
+
+        def flood() -> None:
+            with httpx.Client(base_url=server.url, headers=hostile, timeout=60) as client:
+                while not stop.is_set():
+                    answer = client.get(index)
+                    seen[str(answer.status_code)] += 1
+                    events.append(("flood", str(answer.status_code)))
+
+        # More connections than a caller in debt may keep in flight alone (DEBT_IN_FLIGHT).
+        threads = [threading.Thread(target=flood) for _ in range(DEBT_IN_FLIGHT + 2)]
+        for thread in threads:
+            thread.start()
+        try:
+            while seen["429"] == 0:  # alone, the flood spends its burst and runs into debt
+                assert all(t.is_alive() for t in threads) and seen["200"] < 20_000
+                time.sleep(0.05)
+            with httpx.Client(base_url=server.url, headers=other, timeout=60) as client:
+                # A cheap read every 0.1 s (pacing, well within its budget) until the flood
+                # got 10 answers after the first one.
+                events.append(("other", str(client.get("/v1/datasets/corpus").status_code)))
+                start = len(events)
+                while sum(who == "flood" for who, _ in events[start:]) < 10:
+                    time.sleep(0.1)
+                    events.append(("other", str(client.get("/v1/datasets/corpus").status_code)))
+                    assert len(events) - start < 10_000
+            flooding = all(t.is_alive() for t in threads)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join()
+        assert flooding  # the other token was served while the flood went on, not after it
+        assert {a for who, a in events if who == "other"} == {"200"}
+        first = events.index(("other", "200"))
+        last = len(events) - 1 - events[::-1].index(("other", "200"))
+        beside = Counter(a for who, a in events[first:last] if who == "flood")
+        # Only requests the flood had in the server when the other token came could end
+        # in 200 after it: none was admitted beside it.
+        assert beside["429"] > 0 and beside["200"] <= DEBT_IN_FLIGHT, beside
+
+
+def test_refused_commits_are_charged_to_their_token(tmp_path: Path) -> None:
+    """A read token posting checkpoint commits (each refused 403) beside another token's
+    reads: its commits cost it too, and it is refused (429) once its burst is spent."""
+    with start_server(
+        tmp_path / "server",
+        storage_roots=tmp_path.as_uri(),
+        token_busy_s=0.01,
+        token_burst_s=0.2,
+    ) as server:
+        with httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as admin:
+            make_published(admin, "corpus", tmp_path / "corpus")  # type: ignore[arg-type]
+            body = {"sources": [{"dataset": "corpus", "version": 1}], "global_batch_size": 3}
+            run = admin.post("/v1/runs", json=body).json()["id"]
+        hostile, other = _tokens(server, "hostile", "other")
+        commit = {"step": 1, "epoch": 0, "sample_in_epoch": 3, "plan": {}}
+        answers: Counter[int] = Counter()
+        reads: Counter[int] = Counter()
+        with (
+            httpx.Client(base_url=server.url, headers=hostile, timeout=60) as committer,
+            httpx.Client(base_url=server.url, headers=other, timeout=60) as reader,
+        ):
+            while not answers[429] and answers[403] < 2_000:  # 0.2 s: 100 x REQUEST_S
+                reads[reader.get("/v1/datasets/corpus").status_code] += 1
+                for _ in range(10):  # the flood: ten refused commits to each read
+                    status = committer.post(f"/v1/runs/{run}/checkpoints", json=commit)
+                    answers[status.status_code] += 1
+                    if status.status_code == 429:
+                        break
+        assert answers[429] == 1 and answers[403] > 0, answers
+        assert set(reads) == {200}, reads
