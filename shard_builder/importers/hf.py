@@ -44,6 +44,11 @@ from shardstream.shard_builder.importers.source import (
 from shardstream.shard_builder.inputs import inside, resolve_inputs
 
 _SUFFIXES = (".arrow", ".parquet", ".pq")
+BATCH_ROWS = 1024  # rows per record batch, at most
+BATCH_BYTES = 4 << 20
+"""About the most bytes of values a record batch of a Parquet file holds (by its metadata):
+small values still come 1,024 rows at a time, big ones a few rows at a time."""
+PARQUET_BUFFER = 1 << 20  # bytes read at a time from a column chunk
 DEFAULT_SPLIT = "train"  # of a DatasetDict, when --split is not given (said in the summary)
 
 
@@ -124,9 +129,49 @@ def _opened(path: str, span: tuple[Any, ...]) -> tuple[Any, Iterator[Any]]:
             # A stream is read in order; skipping a batch parses its metadata only (the
             # data stays in the memory map).
             return stream.schema, itertools.islice(stream, first, end)
-        pf = pq.ParquetFile(path)
+        # Buffered: a column chunk is read page by page, not whole into memory.
+        pf = pq.ParquetFile(path, buffer_size=PARQUET_BUFFER)
         groups = range(first, pf.metadata.num_row_groups if end is None else end)
-        return pf.schema_arrow, pf.iter_batches(batch_size=1024, row_groups=groups)
+        return pf.schema_arrow, _parquet_batches(path, pf, groups)
+
+
+def _parquet_batches(path: str, pf: Any, groups: range) -> Iterator[Any]:
+    """The record batches of the Parquet row groups ``groups``, each of at most about
+    :data:`BATCH_BYTES` of values by the row group's metadata (a fixed 1,024 rows of
+    megabyte values was a gigabyte per batch, and an ``ArrowMemoryError``). A value too
+    big for the memory left is one :class:`InputError` naming the file and the column."""
+    import pyarrow as pa
+
+    meta = pf.metadata
+    for g in groups:
+        group = meta.row_group(g)
+        rows = max(
+            1, min(BATCH_ROWS, BATCH_BYTES * group.num_rows // max(group.total_byte_size, 1))
+        )
+        batches = pf.iter_batches(batch_size=rows, row_groups=[g], use_threads=False)
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                break
+            except (MemoryError, pa.ArrowCapacityError) as exc:  # ArrowMemoryError is one
+                raise InputError(_too_large(path, meta, g, exc)) from exc
+            yield batch
+
+
+def _too_large(path: str, meta: Any, g: int, exc: BaseException) -> str:
+    """Why row group ``g`` could not be read: its biggest column (by the uncompressed size
+    its metadata declares), which the error names."""
+    group = meta.row_group(g)
+    first = sum(meta.row_group(i).num_rows for i in range(g))
+    columns = [group.column(c) for c in range(group.num_columns)]
+    big = max(columns, key=lambda c: c.total_uncompressed_size)
+    return (
+        f"{path} rows {first}..{first + group.num_rows - 1} (row group {g}): column "
+        f"{big.path_in_schema!r} is too large to read in the memory left: "
+        f"{big.total_uncompressed_size:,} bytes uncompressed from {big.total_compressed_size:,} "
+        f"stored, in {group.num_rows:,} rows ({type(exc).__name__}: {exc})"
+    )
 
 
 def _checked(path: str, batches: Iterator[Any], row: int) -> Iterator[Any]:
@@ -150,13 +195,18 @@ def _checked(path: str, batches: Iterator[Any], row: int) -> Iterator[Any]:
 
 @contextlib.contextmanager
 def _unreadable(path: str) -> Iterator[None]:
-    """pyarrow's errors on a file that is not Arrow or Parquet as one :class:`InputError`."""
+    """pyarrow's errors on a file that is not Arrow or Parquet (or cannot be opened in the
+    memory left) as one :class:`InputError`."""
     import pyarrow as pa
 
     try:
         yield
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"{path}: not a readable Arrow/Parquet file ({exc})") from exc
+    except MemoryError as exc:  # pyarrow's ArrowMemoryError is one
+        raise InputError(
+            f"{path}: cannot be opened in the memory left ({type(exc).__name__}: {exc})"
+        ) from exc
 
 
 def split(unit: SourceUnit, part_bytes: int) -> list[SourceUnit]:
@@ -230,7 +280,18 @@ def _column(feature: dict[str, Any], value: Any) -> Column:
 
 
 def _records(path: str, batch: Any, features: dict[str, Any], first: int) -> Iterator[Record]:
-    for row, sample in enumerate(batch.to_pylist(), first):
+    names, columns = batch.schema.names, []
+    for name, array in zip(names, batch.columns, strict=True):
+        try:  # column by column: a value too big for the memory left is named
+            columns.append(array.to_pylist())
+        except MemoryError as exc:
+            rows = f"rows {first}..{first + batch.num_rows - 1}"
+            raise InputError(
+                f"{path} {rows}: column {name!r} holds values too large to convert in the "
+                f"memory left ({type(exc).__name__}: {exc})"
+            ) from exc
+    for row, values in enumerate(zip(*columns, strict=True), first):
+        sample = dict(zip(names, values, strict=True))
         where = f"{path} row {row}"
         try:
             yield where, {k: _column(features.get(k, {}), v) for k, v in sample.items()}
