@@ -31,6 +31,7 @@ __all__ = [
 
 MASK_DTYPES = ("uint8", "int8", "bool")
 """The dtypes a loss mask column may have (its values 0 and 1)."""
+_MASK_CHARS = frozenset(np.dtype(name).char for name in MASK_DTYPES)
 
 Where = Callable[[int], str]
 """Names the batch's ``i``-th document (its sample, and shard when known) for an error."""
@@ -99,15 +100,20 @@ def check_documents(
                 f"{len(doc)} tokens of {column!r}; a mask holds one value per token (rebuild "
                 "the dataset, or pack without the mask: mask_column=None)"
             )
-        if mask.dtype.name not in MASK_DTYPES:
-            raise ConfigError(
-                f"PackOptions.mask_column {mask_column!r} holds {mask.dtype.name} values, not "
-                f"a loss mask ({', '.join(MASK_DTYPES)}); name the dataset's mask column, or "
-                "mask_column=None"
-            )
-        if mask.dtype.kind != "b" and len(mask) and (mask.min() < 0 or mask.max() > 1):
-            bad = int(mask[(mask < 0) | (mask > 1)][0])
+    odd = {mask.dtype.char for mask in masks} - _MASK_CHARS  # (dtype.name costs 25 us)
+    if odd:
+        names = ", ".join(sorted(np.dtype(c).name for c in odd))
+        raise ConfigError(
+            f"PackOptions.mask_column {mask_column!r} holds {names} values, not a loss mask "
+            f"({', '.join(MASK_DTYPES)}); name the dataset's mask column, or mask_column=None"
+        )
+    flat = np.concatenate(masks) if masks else np.zeros(0, np.uint8)
+    if flat.dtype.kind == "b" or not len(flat) or (flat.min() >= 0 and flat.max() <= 1):
+        return  # the values of the whole batch at once; the culprit is looked for only now
+    for i, mask in enumerate(masks):
+        wrong = mask[(mask < 0) | (mask > 1)]
+        if len(wrong):
             raise CorruptShardError(
-                f"{where(i)}: its loss mask {mask_column!r} holds {bad}; a mask's values are "
-                "0 and 1"
+                f"{where(i)}: its loss mask {mask_column!r} holds {int(wrong[0])}; a mask's "
+                "values are 0 and 1"
             )
