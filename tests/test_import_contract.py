@@ -66,10 +66,6 @@ KNOWN_PRIVATE_IMPORTS: dict[tuple[str, str], str] = {
         "shardstream.wire._fields",
     ): "issue 32: MAX_INT (the wire's integer bound) is not yet exported by shardstream.wire",
     (
-        "shardstream.server.data.mixture_history",
-        "shardstream.wire._mixture",
-    ): "MAX_MIXTURE_WINDOWS is the wire's bound on a run's mixture windows, not yet exported",
-    (
         "shardstream.client.reads.ranges",
         "shardstream.mds._blocks",
     ): "blocks_of_spans (the block arithmetic of the MDS layout) is not yet exported",

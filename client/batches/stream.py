@@ -45,6 +45,7 @@ from shardstream.plan import (
     make_plan,
     plan_fingerprint,
 )
+from shardstream.wire import PlanParams, SourceMixture
 
 __all__ = ["BatchStream", "BatchTransform"]
 
@@ -218,15 +219,17 @@ class BatchStream:
 
     def plan_params(self) -> dict[str, Any]:
         """The plan parameters a resume state must match."""
-        params = asdict(self.config)
-        params["mixture"] = [
-            [src.source.weight, src.source.repeat, src.source.samples] for src in self.sources
+        mixture = [
+            SourceMixture(src.source.weight, src.source.repeat, src.source.samples)
+            for src in self.sources
         ]
-        if self.schedule is not None:  # absent without one, like "pack"
-            params["schedule"] = self.schedule.to_params()
-        if self.packer is not None:  # absent without packing: earlier states still match
-            params["pack"] = self.packer.params()
-        return params
+        # "schedule" and "pack" are absent without them: earlier states still match.
+        return PlanParams(
+            **asdict(self.config),
+            mixture=mixture,
+            schedule=None if self.schedule is None else self.schedule.to_params(),
+            pack=None if self.packer is None else self.packer.params(),
+        ).to_wire()
 
     def plan(self, epoch: int) -> AnyPlan:
         """The (cached) plan of ``epoch`` (a scheduled one under a mixture schedule)."""

@@ -17,6 +17,7 @@ from typing import Any
 
 from shardstream.server.data.epoch_size import epoch_samples
 from shardstream.server.models import CheckpointRow, RunRow, RunSourceRow, utcnow
+from shardstream.wire import stored_plan_params
 
 STALE_AFTER = timedelta(hours=1)
 """A running run whose last checkpoint (or start) is older than this is highlighted."""
@@ -69,13 +70,13 @@ def trained_samples(plan: dict[str, Any], per_epoch: int | None, batch: int) -> 
     """The samples an epoch of ``per_epoch`` yields in whole global batches of ``batch``:
     the partial last batch dropped (``tail="drop"``, the default) or padded
     (``tail="pad"``), as the plan does; the plan's own ``global_batch_size`` wins."""
-    params = plan.get("plan") if isinstance(plan.get("plan"), dict) else plan
-    size = params.get("global_batch_size") if isinstance(params, dict) else None
+    params = stored_plan_params(plan)
+    size = params.get("global_batch_size")
     if isinstance(size, int) and not isinstance(size, bool) and size > 0:
         batch = size
     if not per_epoch or batch <= 0:
         return per_epoch
-    padded = isinstance(params, dict) and params.get("tail") == "pad"
+    padded = params.get("tail") == "pad"
     batches = -(-per_epoch // batch) if padded else per_epoch // batch
     return batches * batch
 

@@ -26,11 +26,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shardstream.server.models import DatasetRow, VersionRow
+from shardstream.wire import PLAN_CONFIG_FIELDS, SourceMixture
 
 __all__ = ["PlanFacts", "order_differences", "plan_facts"]
 
 _VERSION = re.compile(r"^(?P<name>[a-z0-9][a-z0-9._-]{0,127})@v?(?P<number>[0-9]{1,18})$")
-_CONFIG_FIELDS = ("seed", "global_batch_size", "num_partitions", "shuffle", "tail", "window")
 
 
 @dataclass(frozen=True)
@@ -83,17 +83,14 @@ def _epoch_size(params: Mapping[str, Any], totals: list[int], batch: int) -> int
         source_totals,
     )
 
-    config = PlanConfig(
-        **{k: params[k] for k in _CONFIG_FIELDS if k in params},
-        epoch_size=params.get("epoch_size"),
-    )
+    config = PlanConfig(**{k: params[k] for k in PLAN_CONFIG_FIELDS if k in params})
     mixture = params.get("mixture") or [[None, None, None]] * len(totals)
     if not isinstance(mixture, list) or len(mixture) != len(totals):
         raise ValueError(f"{len(totals)} versions but a mixture of {mixture!r:.200}")
     # One shard per source holding its total: sizes depend on the totals alone.
     specs = [
-        SourceSpec(shard_sizes=np.array([total]), weight=w, repeat=r, count=c)
-        for total, (w, r, c) in zip(totals, mixture, strict=True)
+        SourceSpec(shard_sizes=np.array([total]), weight=m.weight, repeat=m.repeat, count=m.samples)
+        for total, m in zip(totals, map(SourceMixture.parse, mixture), strict=True)
     ]
     schedule = MixtureSchedule.from_params(params.get("schedule"))
     if schedule is None:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from shardstream.server.models import RunSourceRow
+from shardstream.wire import SourceMixture, stored_plan_params
 
 __all__ = ["MAX_EPOCH_SAMPLES", "epoch_samples"]
 
@@ -28,21 +29,21 @@ def epoch_samples(plan: dict[str, Any], sources: Sequence[tuple[RunSourceRow, in
     a bool, ``1e308``, beyond :data:`MAX_EPOCH_SAMPLES`) leaves the size unknown rather
     than failing the page for every viewer.
     """
-    params = plan.get("plan") if isinstance(plan.get("plan"), dict) else plan
-    size = params.get("epoch_size") if isinstance(params, dict) else None
+    params = stored_plan_params(plan)
+    size = params.get("epoch_size")
     if isinstance(size, int) and _is_count(size) and 0 < size <= MAX_EPOCH_SAMPLES:
         return size
-    mixture = params.get("mixture") if isinstance(params, dict) else None
+    mixture = params.get("mixture")
     total = 0
     for i, (_, version_samples) in enumerate(sources):
         count = None
         repeat = 1.0
-        if isinstance(mixture, list) and i < len(mixture) and isinstance(mixture[i], list):
-            entry = mixture[i]
-            if len(entry) > 2 and _is_count(entry[2]):
-                count = int(entry[2])
-            if len(entry) > 1 and _is_number(entry[1]) and entry[1]:
-                repeat = float(entry[1])
+        if isinstance(mixture, list) and i < len(mixture):
+            entry = SourceMixture.read(mixture[i])
+            if entry.samples is not None:
+                count = int(entry.samples)
+            if entry.repeat:
+                repeat = float(entry.repeat)
         if count is None:
             samples = version_samples * repeat
             if not (math.isfinite(samples) and 0 <= samples <= MAX_EPOCH_SAMPLES):
@@ -50,10 +51,6 @@ def epoch_samples(plan: dict[str, Any], sources: Sequence[tuple[RunSourceRow, in
             count = int(samples)
         total += count
     return total if 0 < total <= MAX_EPOCH_SAMPLES else None
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _is_count(value: object) -> bool:

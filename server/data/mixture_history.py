@@ -43,8 +43,13 @@ from shardstream.errors import PlanError, RequestValidationError
 from shardstream.mds import tokens_per_sample
 from shardstream.plan import MixtureSchedule, segment_counts, segments_of, split_by_weights
 from shardstream.server.models import CheckpointRow, RunMixtureRow, RunSourceRow, VersionRow, utcnow
-from shardstream.wire import MAX_STEPS, MixtureWindow, RunMixtureHistory
-from shardstream.wire._mixture import MAX_MIXTURE_WINDOWS
+from shardstream.wire import (
+    MAX_MIXTURE_WINDOWS,
+    MAX_STEPS,
+    MixtureWindow,
+    RunMixtureHistory,
+    stored_plan_params,
+)
 
 from . import runs as runs_data
 from .epoch_size import MAX_EPOCH_SAMPLES, epoch_samples
@@ -80,8 +85,8 @@ class MixturePlan:
     ) -> MixturePlan | None:
         """The arithmetic of ``plan`` (a checkpoint's or run's stored plan), or None when it
         has no schedule, or one this server cannot count for ``num_sources`` sources."""
-        params = plan.get("plan") if isinstance(plan.get("plan"), Mapping) else plan
-        if not isinstance(params, Mapping) or params.get("schedule") is None:
+        params = stored_plan_params(plan)
+        if params.get("schedule") is None:
             return None
         batch = params.get("global_batch_size")
         if not isinstance(batch, int) or isinstance(batch, bool) or batch <= 0:
@@ -292,8 +297,7 @@ def _plan_of(
 
 
 def _is_scheduled(plan: Mapping[str, Any]) -> bool:
-    params = plan.get("plan") if isinstance(plan.get("plan"), Mapping) else plan
-    return isinstance(params, Mapping) and params.get("schedule") is not None
+    return stored_plan_params(plan).get("schedule") is not None
 
 
 def record(

@@ -12,9 +12,9 @@ normalized to UTC, and free-form JSON documents are bounded in size and depth
 
 Import everything from here; the private modules hold the field types and validators
 (``_fields``, ``_json``), datasets, versions, shards and presigned URLs (``_datasets``), runs and
-checkpoints (``_runs``), the bounds on what a run's plans, positions and attempts
-may carry (``_run_bounds``), a run's mixture over training (``_mixture``), tokens (``_tokens``)
-and the entity-less responses (``_responses``).
+checkpoints (``_runs``), a run's plan parameters (``_plan_params``), the bounds on what a
+run's plans, positions and attempts may carry (``_run_bounds``), a run's mixture over
+training (``_mixture``), tokens (``_tokens``) and the entity-less responses (``_responses``).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from ._mixture import (
     phase_end_text,
     token_count_text,
 )
+from ._plan_params import PLAN_CONFIG_FIELDS, PlanParams, SourceMixture, stored_plan_params
 from ._responses import ErrorResponse, Health, Page
 from ._run_bounds import (
     MAX_ATTEMPT_CHANGES,
@@ -90,6 +91,7 @@ __all__ = [
     "MAX_STEPS",
     "MAX_TOKENS",
     "NAME_PATTERN",
+    "PLAN_CONFIG_FIELDS",
     "AttemptCreate",
     "AttemptPublic",
     "CheckpointCreate",
@@ -103,6 +105,7 @@ __all__ = [
     "InputStatsReport",
     "MixtureWindow",
     "Page",
+    "PlanParams",
     "PresignRequest",
     "PresignResponse",
     "RankInputStats",
@@ -119,6 +122,7 @@ __all__ = [
     "ShardBatch",
     "ShardBatchResult",
     "ShardRecord",
+    "SourceMixture",
     "TokenCreate",
     "TokenPublic",
     "VersionCreate",
@@ -132,5 +136,6 @@ __all__ = [
     "field_limits",
     "phase_end_text",
     "set_field_limits",
+    "stored_plan_params",
     "token_count_text",
 ]
