@@ -1,10 +1,11 @@
 """Document builds (``build text --documents``): one variable-length token array per document.
 
-A document build is a text build whose samples are whole documents instead of fixed-length
-sequences, for readers that pack at read time (``PackOptions``). It supplies only what
-differs, the encoder and the shard cut (:class:`DocumentKind`); the rest is the text kind
-and the builder's one pipeline (:mod:`.pipeline`: inputs, fingerprint, journal and resume,
-sink, index, metadata):
+A document build is a tokenized build whose samples are whole documents instead of
+fixed-length sequences, for readers that pack at read time (``PackOptions``). It supplies
+only what differs from its sibling, the text kind (:mod:`.text`): the encoder and the shard
+cut (:class:`DocumentKind`); the rest is their parent (:mod:`.tokenized`: inputs,
+fingerprint, journal records, metadata) and the builder's one pipeline (:mod:`.pipeline`:
+journal and resume, sink, index):
 
 * workers read a chunk's records (:func:`~.text_source.read_records`), tokenize them and
   encode each document as one sample (:func:`encode_documents`): its ids followed by EOS,
@@ -14,8 +15,8 @@ sink, index, metadata):
 * from each document's encoded size alone, in chunk order, :meth:`DocumentKind.cut` cuts
   shards greedily by size (:class:`~.packing.GreedyCut`, as the image builder does): this
   process writes them with the codec's :func:`~shardstream.mds.write_shard`, and on Ray
-  (:mod:`.cluster.documents`) the driver makes the same cut from the sizes the actors
-  return and the actors write the shards;
+  (:mod:`.cluster.driver`) the driver makes the same cut from the sizes the actors return
+  and the actors write the shards;
 * after every stored shard the journal records the next document as ``(chunk, documents
   of it already stored)``, a :class:`~.packing.StreamPosition` counting documents.
 """
@@ -30,18 +31,16 @@ import numpy.typing as npt
 
 from shardstream.mds import make_encoder
 from shardstream.shard_builder.config import MASK_COLUMN, TextBuildConfig
+from shardstream.shard_builder.cut import Counted, CutShard, ShardLayout
 from shardstream.shard_builder.document_layout import document_layout
-from shardstream.shard_builder.images import shard_header_bytes
-from shardstream.shard_builder.packing import GreedyCut, StreamPosition
-from shardstream.shard_builder.pipeline import BuildRun
-from shardstream.shard_builder.text import TextKind
+from shardstream.shard_builder.packing import Piece, StreamPosition, greedy_cut
 from shardstream.shard_builder.text_source import TextChunk, read_records
 from shardstream.shard_builder.tokenize import TokenizerSpec
+from shardstream.shard_builder.tokenized import TokenizedKind
 
 __all__ = [
     "ChunkDocuments",
     "DocumentKind",
-    "DocumentShard",
     "DocumentSizes",
     "DocumentTask",
     "EncodedDocuments",
@@ -102,19 +101,20 @@ class EncodedDocuments:
     samples: list[bytes]
     tokens: npt.NDArray[np.int64]
 
-    def sizes(self) -> DocumentSizes:
-        """The samples' sizes and tokens, for the cut."""
+    @property
+    def items(self) -> int:
+        """Documents in the chunk."""
+        return len(self.samples)
+
+    @property
+    def payload(self) -> list[bytes]:
+        """What shards take pieces of: the samples."""
+        return self.samples
+
+    def count(self) -> DocumentSizes:
+        """What the cut needs: the samples' sizes and tokens."""
         sizes = np.fromiter(map(len, self.samples), dtype=np.int64, count=len(self.samples))
         return DocumentSizes(sizes, self.tokens)
-
-
-@dataclass(frozen=True)
-class DocumentShard:
-    """A shard the cut closed: its documents as ``(chunk, start, end)`` ranges of the
-    chunks' samples, in order, and its journal record (where the input stands after it)."""
-
-    ranges: tuple[tuple[int, int, int], ...]
-    resume: dict[str, Any]
 
 
 def encode_documents(task: DocumentTask) -> EncodedDocuments:
@@ -191,24 +191,27 @@ def _join_pairs(
     return out, mask
 
 
-class DocumentKind(TextKind):
-    """A document build: the text kind with this encoder (one sample per document, shards
-    cut greedily by size). Journal records count documents: ``skip`` of the position is
-    the documents of its chunk already stored.
+class DocumentKind(TokenizedKind):
+    """A document build: one sample per document, shards cut greedily by size. Journal
+    records count documents: ``skip`` of the position is the documents of its chunk
+    already stored.
 
-    The cut (:meth:`cut`, :meth:`cut_last`) sees only sizes, so the Ray driver makes it
-    too (:mod:`.cluster.documents`); :meth:`add` applies it to the samples here.
+    The cut (:meth:`cut`, :meth:`cut_last`) sees only sizes, so a Ray build makes it too
+    (:mod:`.cluster.driver`).
     """
 
     def make_columns(self) -> dict[str, str]:
         return document_columns(self.config, self.dtype)
 
-    def open_encoder(self) -> None:
-        self._cut = GreedyCut(shard_header_bytes(self.columns, self.config), self.config.shard_size)  # type: ignore[arg-type]
-        self._open: list[tuple[int, int, int]] = []  # the open shard: (chunk, start, end)
-        self._held: dict[int, list[bytes]] = {}  # samples of the chunks it takes
+    def shape_metadata(self) -> dict[str, Any]:
+        return {"layout": "documents"}
 
-    def task(self, number: int, unit: Any) -> Any:
+    def open_cut(self) -> None:
+        self.layout = ShardLayout(self.columns)
+        self._cut = greedy_cut(self.columns, self.config)
+        self._open: list[Piece] = []  # the open shard: documents [start, end) of chunks
+
+    def task(self, number: int, unit: Any) -> DocumentTask:
         config = self.config
         fields = (
             (config.field,) if config.prompt_field is None else (config.prompt_field, config.field)
@@ -221,50 +224,34 @@ class DocumentKind(TextKind):
         """Documents of chunk ``number`` a killed run already stored."""
         return self.position.skip if number == self.position.chunk else 0
 
-    def cut(self, number: int, docs: DocumentSizes) -> list[DocumentShard]:
+    def cut(self, number: int, count: DocumentSizes) -> Counted:
         """Take chunk ``number``'s documents (all before it were taken): the shards they
         close, in order. Counts :attr:`tokens` and :attr:`documents`."""
         closed = []
-        sizes, tokens = docs.sizes.tolist(), docs.tokens.tolist()
-        for doc in range(self.skip(number), len(sizes)):
+        skip, tokens_before = self.skip(number), self.tokens
+        sizes, tokens = count.sizes.tolist(), count.tokens.tolist()
+        for doc in range(skip, len(sizes)):
             if self._cut.add(sizes[doc]):
-                position = StreamPosition(number, doc, self.tokens)
-                resume = {"stream": position.to_dict(), "documents_before_chunk": self.documents}
-                closed.append(self._close(resume))
-            if self._open and self._open[-1][0] == number:
-                self._open[-1] = (number, self._open[-1][1], doc + 1)
+                closed.append(self._close(self.resume_at(StreamPosition(number, doc, self.tokens))))
+            if self._open and self._open[-1].chunk == number:
+                self._open[-1] = Piece(number, self._open[-1].start, doc + 1)
             else:
-                self._open.append((number, doc, doc + 1))
+                self._open.append(Piece(number, doc, doc + 1))
             self.tokens += tokens[doc]
         self.documents += len(sizes)
-        return closed
+        added = self.tokens - tokens_before
+        progress = {"documents": len(sizes) - skip, "tokens": added}
+        return Counted(closed, len(sizes) - skip, added * self.dtype.itemsize, progress)
 
-    def cut_last(self) -> DocumentShard | None:
+    def cut_last(self) -> CutShard | None:
         """After the last chunk: the last shard, if documents are left."""
         return self._close(self.final_resume()) if self._open else None
 
     def needed(self, number: int) -> bool:
         """Whether the open shard takes documents of chunk ``number``."""
-        return any(chunk == number for chunk, _, _ in self._open)
+        return any(piece.chunk == number for piece in self._open)
 
-    def add(self, run: BuildRun, number: int, result: Any) -> tuple[int, int]:
-        docs: EncodedDocuments = result
-        skip, tokens_before = self.skip(number), self.tokens
-        self._held[number] = docs.samples
-        for shard in self.cut(number, docs.sizes()):
-            self._store(run, shard)
-        self._held = {n: held for n, held in self._held.items() if self.needed(n)}
-        return len(docs.samples) - skip, (self.tokens - tokens_before) * self.dtype.itemsize
-
-    def finish(self, run: BuildRun) -> None:
-        if (last := self.cut_last()) is not None:
-            self._store(run, last)
-
-    def _close(self, resume: dict[str, Any]) -> DocumentShard:
-        shard = DocumentShard(tuple(self._open), resume)
+    def _close(self, resume: dict[str, Any]) -> CutShard:
+        shard = CutShard(tuple(self._open), resume)
         self._open = []
         return shard
-
-    def _store(self, run: BuildRun, shard: DocumentShard) -> None:
-        samples = [s for n, lo, hi in shard.ranges for s in self._held[n][lo:hi]]
-        run.store_samples(shard.resume, self.columns, samples)

@@ -1,24 +1,26 @@
 """``build_images``: an image folder or Parquet files -> ``{image, label}`` MDS shards.
 
 Worker processes read and check chunks of images in parallel (decoding each once, see
-:mod:`.image_codec`) and return the encoded samples in input order; this process packs
-them greedily into shards of at most ``shard_size`` bytes and writes each with the codec's
-``write_shard``. Greedy packing restarts at every shard boundary, so a resumed build that
-continues after its last finished shard produces the same shards as an uninterrupted one.
-The rest (ordered workers, journal, progress, index) is the builder's one pipeline
-(:mod:`.pipeline`); this module supplies the image kind (:class:`ImageKind`).
+:mod:`.image_codec`) and return the encoded samples in input order; the image kind's cut
+packs them greedily by size into shards of at most ``shard_size`` bytes, which are written
+with the codec's ``write_shard``. Greedy packing restarts at every shard boundary, so a
+resumed build that continues after its last finished shard produces the same shards as an
+uninterrupted one. The cut sees only the samples' sizes, so a Ray build makes it too
+(:mod:`.cluster.driver`). The rest (ordered workers, journal, progress, index) is the
+builder's one pipeline (:mod:`.pipeline`); this module supplies the image kind
+(:class:`ImageKind`).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from shardstream.errors import InputError
-from shardstream.mds import make_encoder, shard_config
+from shardstream.mds import make_encoder
 from shardstream.shard_builder.config import ImageBuildConfig, content_options
+from shardstream.shard_builder.cut import Counted, CutKind, CutShard, ShardLayout
 from shardstream.shard_builder.image_codec import BadImageError, check_image, column_encoding
 from shardstream.shard_builder.image_source import (
     ImageChunk,
@@ -28,8 +30,8 @@ from shardstream.shard_builder.image_source import (
     read_items,
 )
 from shardstream.shard_builder.journal import fingerprint
-from shardstream.shard_builder.packing import GreedyCut
-from shardstream.shard_builder.pipeline import BuildKind, BuildRun, run_build
+from shardstream.shard_builder.packing import Piece, greedy_cut
+from shardstream.shard_builder.pipeline import BuildRun, run_build
 from shardstream.shard_builder.result import BadInput, BuildResult
 
 BUILDER_VERSION = 1
@@ -48,12 +50,36 @@ class ImageTask:
 
 
 @dataclass(frozen=True)
+class ImageCount:
+    """What the cut needs of a checked chunk (all a Ray driver gets of it): item numbers,
+    sample sizes, bad images."""
+
+    numbers: list[int]
+    sizes: list[int]
+    bad: list[tuple[int, BadInput]]
+
+
+@dataclass(frozen=True)
 class CheckedImages:
     """A chunk's good samples (encoded, with their item numbers) and its bad images."""
 
     numbers: list[int]
     samples: list[bytes]
     bad: list[tuple[int, BadInput]]
+
+    @property
+    def items(self) -> int:
+        """Good images in the chunk."""
+        return len(self.samples)
+
+    @property
+    def payload(self) -> list[bytes]:
+        """What shards take pieces of: the samples."""
+        return self.samples
+
+    def count(self) -> ImageCount:
+        """What the cut needs."""
+        return ImageCount(self.numbers, [len(s) for s in self.samples], self.bad)
 
 
 def process_chunk(task: ImageTask, items: Iterable[Item] | None = None) -> CheckedImages:
@@ -108,15 +134,6 @@ def undecoded_note(columns: dict[str, str]) -> list[str]:
     ]
 
 
-def shard_header_bytes(columns: dict[str, str], config: ImageBuildConfig) -> int:
-    """A shard's bytes before its samples: count, one offset more, config JSON."""
-    template = shard_config(
-        columns, compression=config.compression, hashes=config.hashes, size_limit=config.shard_size
-    )
-    # Shard file = count + offsets (4 bytes per sample, plus one) + config JSON + samples.
-    return 8 + len(json.dumps(template.config(), sort_keys=True))
-
-
 def build_images(config: ImageBuildConfig) -> BuildResult:
     """Shard ``config.inputs`` (a class-per-folder tree or Parquet) as ``{image, label}``.
 
@@ -131,10 +148,10 @@ def build_images(config: ImageBuildConfig) -> BuildResult:
     return run_build(ImageKind(config))
 
 
-class ImageKind(BuildKind):
+class ImageKind(CutKind):
     """An image build for :func:`~.pipeline.run_build`: its source is the chunks of an
     image folder or Parquet files (or a Ray dataset's blocks), its encoder checks each
-    image and packs the samples greedily (:class:`~.packing.GreedyCut`).
+    image, its cut packs the samples greedily by size (:class:`~.packing.GreedyCut`).
 
     Journal records hold the item a resume starts at and the bad images before it;
     ``skipped`` (item, bad input) ends in ``shardstream.json``.
@@ -147,6 +164,7 @@ class ImageKind(BuildKind):
         super().__init__(config)
         self.source = source or plan_images(config.inputs, config.image_field, config.label_field)
         self.columns = {"image": _image_encoding(config, self.source), "label": "int"}
+        self.layout = ShardLayout(self.columns)
         self._fingerprint = fingerprint(
             {
                 "builder": BUILDER_VERSION,
@@ -178,8 +196,8 @@ class ImageKind(BuildKind):
             (int(b["item"]), BadInput(b["source"], b["reason"])) for b in resume.get("skipped", [])
         ]
         self.next_item = int(resume.get("next_item", 0))
-        self._cut = GreedyCut(shard_header_bytes(self.columns, self.config), self.config.shard_size)
-        self._pending: list[bytes] = []
+        self._cut = greedy_cut(self.columns, self.config)
+        self._open: list[Piece] = []  # the open shard: samples [start, end) of chunks
         chunks = self.source.chunks
         return next(
             (i for i, c in enumerate(chunks) if c.first + c.count > self.next_item), len(chunks)
@@ -204,22 +222,32 @@ class ImageKind(BuildKind):
             raise bad_images_error([b for _, b in bad])
         self.skipped.extend(bad)
 
-    def add(self, run: BuildRun, number: int, result: CheckedImages) -> tuple[int, int]:
-        self.take_bad(result.bad)
-        for item, sample in zip(result.numbers, result.samples, strict=True):
-            if self._cut.add(len(sample)):
-                self._close(run, item)
-            self._pending.append(sample)
-        return len(result.samples), sum(map(len, result.samples))
+    def cut(self, number: int, count: ImageCount) -> Counted:
+        self.take_bad(count.bad)
+        closed = []
+        for i, (item, size) in enumerate(zip(count.numbers, count.sizes, strict=True)):
+            if self._cut.add(size) and (shard := self._close(item)) is not None:
+                closed.append(shard)
+            if self._open and self._open[-1].chunk == number:
+                self._open[-1] = Piece(number, self._open[-1].start, i + 1)
+            else:
+                self._open.append(Piece(number, i, i + 1))
+        sizes = count.sizes
+        return Counted(closed, len(sizes), sum(sizes), {"bad_images": len(count.bad)})
 
-    def finish(self, run: BuildRun) -> None:
-        self._close(run, self.end_item, final=True)
+    def cut_last(self) -> CutShard | None:
+        return self._close(self.end_item, final=True)
 
-    def _close(self, run: BuildRun, next_item: int, *, final: bool = False) -> None:
-        """Store the pending samples as the next shard; ``next_item`` is where a resume starts."""
-        if self._pending:
-            run.store_samples(self.state(next_item, final=final), self.columns, self._pending)
-            self._pending = []
+    def needed(self, number: int) -> bool:
+        return any(piece.chunk == number for piece in self._open)
+
+    def _close(self, next_item: int, *, final: bool = False) -> CutShard | None:
+        """The open shard, closed; ``next_item`` is where a resume starts."""
+        if not self._open:
+            return None
+        shard = CutShard(tuple(self._open), self.state(next_item, final=final))
+        self._open = []
+        return shard
 
     def state(self, next_item: int, *, final: bool = False) -> dict[str, Any]:
         """A shard's journal record: where the next shard starts, the bad inputs before it."""

@@ -1,21 +1,28 @@
-"""Cutting the token stream into fixed-length sequences, a shard's worth at a time.
+"""Where shards begin and end: the cutting arithmetic the builder's kinds state their cut with.
 
-The stream is every document's tokens followed by EOS, in input order. The packer takes
-it chunk by chunk (as the workers deliver chunks, in order) and hands out blocks of
-``samples_per_shard`` sequences; only the final remainder shorter than ``seq_len`` is
-dropped. With each block it reports where the stream stood right after it (chunk number
-and tokens of that chunk already used), which is all a resumed build needs to continue.
+:class:`StreamCutter` cuts the token stream (every document's tokens followed by EOS, in
+input order) into fixed-length sequences, a shard's worth at a time, from token counts
+alone: it takes the stream chunk by chunk (as the workers deliver chunks, in order) and
+hands out shards of ``samples_per_shard`` sequences; only the final remainder shorter than
+``seq_len`` is dropped. With each shard it reports where the stream stood right after it
+(chunk number and tokens of that chunk already used), which is all a resumed build needs to
+continue. :class:`GreedyCut` packs samples of known sizes greedily into shards of a byte
+budget (images, documents).
 """
 
 from __future__ import annotations
 
+import json
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from shardstream.mds import shard_config
+from shardstream.shard_builder.config import OutputOptions
 
 
 @dataclass(frozen=True)
@@ -56,10 +63,11 @@ class ShardCut:
 class StreamCutter:
     """Where the shards of the token stream begin and end, from token counts alone.
 
-    The one home of the cutting arithmetic: :class:`TokenPacker` applies it to token arrays
-    in this process, the Ray builder to arrays that stay on the workers (the driver sees
-    only each chunk's count). Feed chunks in order with :meth:`add`; a shard is
-    ``samples_per_shard`` whole sequences, the last one (:meth:`finish`) what is left.
+    The one home of the text kind's cutting arithmetic (:class:`~.text.TextKind`): a local
+    build applies its cuts to token arrays in this process, a Ray build to arrays that stay
+    on the workers (the driver sees only each chunk's count). Feed chunks in order with
+    :meth:`add`; a shard is ``samples_per_shard`` whole sequences, the last one
+    (:meth:`finish`) what is left.
     """
 
     def __init__(self, seq_len: int, samples_per_shard: int, start: StreamPosition) -> None:
@@ -136,46 +144,12 @@ def gather(pieces: tuple[Piece, ...], arrays: Mapping[int, npt.NDArray[Any]]) ->
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-class TokenPacker:
-    """Turns chunks of tokens into ``(samples_per_shard, seq_len)`` blocks plus a final one."""
-
-    def __init__(
-        self, seq_len: int, samples_per_shard: int, dtype: np.dtype[Any], start: StreamPosition
-    ) -> None:
-        self._seq_len = seq_len
-        self._dtype = dtype
-        self._cutter = StreamCutter(seq_len, samples_per_shard, start)
-        self._arrays: dict[int, npt.NDArray[Any]] = {}
-
-    @property
-    def tokens_seen(self) -> int:
-        """Stream tokens up to the end of the last chunk added (resumed prefix included)."""
-        return self._cutter.tokens_seen
-
-    def add(
-        self, chunk: int, tokens: npt.NDArray[Any]
-    ) -> Iterator[tuple[npt.NDArray[Any], StreamPosition]]:
-        """Add chunk ``chunk``'s tokens; yield every full shard block now available."""
-        self._arrays[chunk] = tokens.astype(self._dtype, copy=False)
-        for cut in self._cutter.add(chunk, len(tokens)):
-            yield gather(cut.pieces, self._arrays).reshape(-1, self._seq_len), cut.position
-        first = self._cutter.first_needed
-        for done in [c for c in self._arrays if first is None or c < first]:
-            del self._arrays[done]
-
-    def finish(self) -> tuple[npt.NDArray[Any], int]:
-        """The last block (whole sequences left, maybe none) and the tokens dropped."""
-        cut, dropped = self._cutter.finish()
-        block = gather(cut.pieces, self._arrays) if cut is not None else np.empty(0, self._dtype)
-        self._arrays.clear()
-        return block.reshape(-1, self._seq_len), dropped
-
-
 class GreedyCut:
     """Greedy packing of samples, in order, into shards of at most ``shard_size`` bytes.
 
     ``header`` is a shard's size before its samples; each sample costs its bytes plus a
-    4-byte offset. The image builders (local and Ray) decide their shard boundaries here.
+    4-byte offset. The image and document kinds decide their shard boundaries here
+    (:func:`greedy_cut`).
     """
 
     def __init__(self, header: int, shard_size: int) -> None:
@@ -196,3 +170,20 @@ class GreedyCut:
     def reset(self) -> None:
         """Start an empty shard."""
         self._count, self._bytes = 0, self._header
+
+
+def greedy_cut(columns: dict[str, str], options: OutputOptions) -> GreedyCut:
+    """The greedy cut of shards of ``columns`` written as ``options`` say."""
+    return GreedyCut(shard_header_bytes(columns, options), options.shard_size)
+
+
+def shard_header_bytes(columns: dict[str, str], options: OutputOptions) -> int:
+    """A shard's bytes before its samples: count, one offset more, config JSON."""
+    template = shard_config(
+        columns,
+        compression=options.compression,
+        hashes=options.hashes,
+        size_limit=options.shard_size,
+    )
+    # Shard file = count + offsets (4 bytes per sample, plus one) + config JSON + samples.
+    return 8 + len(json.dumps(template.config(), sort_keys=True))

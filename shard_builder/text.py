@@ -12,44 +12,56 @@ The work split, chosen so the output never depends on scheduling:
    build resumes after its last finished shard without re-reading what came before.
 
 Steps 2 and 4 (and the rest: journal, progress, index) are the builder's one pipeline
-(:mod:`.pipeline`); this module supplies the text kind's source and encoder
-(:class:`TextKind`).
+(:mod:`.pipeline`); step 3 is the text kind's cut (:class:`TextKind`, from token counts
+alone: :class:`~.packing.StreamCutter`), which a Ray build applies too
+(:mod:`.cluster.driver`). The source, tokenizer, journal records and metadata are those of
+every tokenized build (:mod:`.tokenized`); ``--documents`` is its sibling kind
+(:mod:`.documents`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from shardstream.errors import InputError
 from shardstream.mds import samples_per_shard
-from shardstream.shard_builder.config import TextBuildConfig, content_options
-from shardstream.shard_builder.inputs import lineage, resolve_inputs
-from shardstream.shard_builder.journal import fingerprint
-from shardstream.shard_builder.packing import StreamPosition, TokenPacker
-from shardstream.shard_builder.pipeline import BuildKind, BuildRun, run_build
+from shardstream.shard_builder.config import TextBuildConfig
+from shardstream.shard_builder.cut import Counted, CutShard, ShardLayout
+from shardstream.shard_builder.documents import DocumentKind
+from shardstream.shard_builder.packing import StreamCutter
+from shardstream.shard_builder.pipeline import run_build
 from shardstream.shard_builder.result import BuildResult
-from shardstream.shard_builder.skipped_lines import SkippedLines
-from shardstream.shard_builder.text_source import BadRecords, TextChunk, plan_chunks, read_docs
-from shardstream.shard_builder.tokenize import TokenizerSpec, token_dtype
+from shardstream.shard_builder.text_source import BadRecords, read_docs
+from shardstream.shard_builder.tokenize import TokenizerSpec
+from shardstream.shard_builder.tokenized import TextSource, TokenizedKind
 
-TEXT_SUFFIXES = (".jsonl", ".json", ".ndjson", ".parquet", ".pq")
-BUILDER_VERSION = 1  # bump when the same inputs would give other bytes
+__all__ = ["ChunkTask", "ChunkTokens", "TextKind", "TokenCount", "build_text", "text_kind"]
 
 
 @dataclass(frozen=True)
 class ChunkTask:
-    """One unit of work: a chunk to read and tokenize into ``dtype`` ids."""
+    """One unit of work: a chunk to read and tokenize into ``dtype`` ids (a
+    :class:`~.text_source.TextChunk`; on Ray, a dataset block, read by the step of
+    :mod:`.cluster.dataset`)."""
 
-    chunk: TextChunk
+    chunk: Any
     field: str
     tokenizer: TokenizerSpec
     dtype: str
     skip_bad: bool = False
+
+
+@dataclass(frozen=True)
+class TokenCount:
+    """What the cut needs of a tokenized chunk (all a Ray driver gets of it): its tokens
+    and documents, and with ``skip_bad`` the bad records it left out."""
+
+    tokens: int
+    documents: int
+    bad: BadRecords | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +72,20 @@ class ChunkTokens:
     tokens: npt.NDArray[Any]
     documents: int
     bad: BadRecords | None = None
+
+    @property
+    def items(self) -> int:
+        """Documents in the chunk."""
+        return self.documents
+
+    @property
+    def payload(self) -> npt.NDArray[Any]:
+        """What shards take pieces of: the tokens."""
+        return self.tokens
+
+    def count(self) -> TokenCount:
+        """What the cut needs."""
+        return TokenCount(len(self.tokens), self.documents, self.bad)
 
 
 def tokenize_chunk(task: ChunkTask) -> ChunkTokens:
@@ -74,23 +100,6 @@ def tokenize_chunk(task: ChunkTask) -> ChunkTokens:
             documents += len(docs)
     tokens = np.concatenate(parts) if parts else np.empty(0, task.dtype)
     return ChunkTokens(tokens, documents, bad)
-
-
-@dataclass(frozen=True)
-class TextSource:
-    """What a text build reads: its chunks in order (each with ``nbytes``), the lineage
-    recorded in the fingerprint and metadata, and the input names errors show."""
-
-    chunks: Sequence[Any]
-    lineage: list[dict[str, Any]]
-    names: list[str]
-
-
-def file_source(config: TextBuildConfig) -> TextSource:
-    """The chunks of ``config.inputs``: JSONL byte ranges and Parquet row groups."""
-    files = resolve_inputs(config.inputs, TEXT_SUFFIXES)
-    chunks = plan_chunks(files, config.field, config.chunk_bytes)
-    return TextSource(chunks, lineage(files), [str(f.path) for f in files])
 
 
 def build_text(config: TextBuildConfig) -> BuildResult:
@@ -110,66 +119,24 @@ def build_text(config: TextBuildConfig) -> BuildResult:
     return run_build(text_kind(config))
 
 
-def text_kind(config: TextBuildConfig, source: TextSource | None = None) -> TextKind:
+def text_kind(config: TextBuildConfig, source: TextSource | None = None) -> TokenizedKind:
     """The kind of a text build: fixed-length sequences, or documents (``--documents``).
-    ``source`` is what is read (default: :func:`file_source`)."""
+    ``source`` is what is read (default: :func:`~.tokenized.file_source`)."""
     if config.documents:
-        from shardstream.shard_builder.documents import DocumentKind
-
         return DocumentKind(config, source)
     return TextKind(config, source)
 
 
-class TextKind(BuildKind):
-    """A text build for :func:`~.pipeline.run_build`: its source is the chunks of the
-    inputs, its encoder tokenizes them and cuts fixed-length sequences
-    (:class:`~.packing.TokenPacker`), ``samples_per_shard`` a shard.
-
-    Journal records count in chunks (so a resume must cut the input the same way): the
-    stream position after the shard, and the documents before that position's chunk. The
-    counters ``tokens``, ``documents`` and ``dropped`` end in ``shardstream.json``; the Ray
-    driver (:mod:`.cluster.text`) keeps them too.
-    """
-
-    desc = "build text"
-    config: TextBuildConfig
-
-    def __init__(self, config: TextBuildConfig, source: TextSource | None = None) -> None:
-        super().__init__(config)
-        self.source = source or file_source(config)
-        self.spec = TokenizerSpec(config.tokenizer, config.eos_token)
-        tokenizer = self.spec.load()
-        self.dtype = token_dtype(tokenizer.vocab_size)
-        self.eos_id, self.vocab_size = tokenizer.eos_id, tokenizer.vocab_size
-        self.described = tokenizer.describe()
-        self.columns = self.make_columns()
-        self._fingerprint = fingerprint(
-            {
-                "builder": BUILDER_VERSION,
-                "options": content_options(config),
-                "lineage": self.source.lineage,
-                "tokenizer": {k: v for k, v in self.described.items() if k != "path"},
-            }
-        )
-        self.position = StreamPosition(0, 0, 0)  # where this run starts
-        self.tokens = self.documents = self.dropped = 0
-        self.skipped = SkippedLines()  # --skip-bad: the bad records left out
+class TextKind(TokenizedKind):
+    """A build of fixed-length sequences: workers tokenize chunks, the cut packs the token
+    stream into ``seq_len`` sequences (:class:`~.packing.StreamCutter`), ``samples_per_shard``
+    a shard; only the last remainder shorter than a sequence is dropped."""
 
     def make_columns(self) -> dict[str, str]:
-        """The shards' columns."""
         return {self.config.column: f"ndarray:{self.dtype.name}:{self.config.seq_len}"}
 
-    @property
-    def fingerprint(self) -> str:
-        return self._fingerprint
-
-    @property
-    def journal_fingerprint(self) -> str:
-        return fingerprint({"content": self._fingerprint, "chunks": self.config.chunk_bytes})
-
-    @property
-    def units(self) -> Sequence[Any]:
-        return self.source.chunks
+    def shape_metadata(self) -> dict[str, Any]:
+        return {"seq_len": self.config.seq_len}
 
     @property
     def samples_per_shard(self) -> int:
@@ -179,110 +146,38 @@ class TextKind(BuildKind):
             self.columns, config.shard_size, compression=config.compression, hashes=config.hashes
         )
 
-    def start(self, run: BuildRun) -> int:
-        resume = run.resume
-        self.position = StreamPosition.from_dict(resume["stream"]) if resume else self.position
-        self.documents = int(resume.get("documents_before_chunk", 0))
-        self.skipped.restore(resume.get("skipped_before_chunk"))
-        self.tokens = self.position.tokens_before
-        if run.final:
-            self.documents, self.dropped = resume["docs"], resume["dropped"]
-            self.skipped.restore(resume.get("skipped"))
-        self.open_encoder()
-        return self.position.chunk
-
-    def open_encoder(self) -> None:
-        """Start cutting at :attr:`position` (a local build)."""
+    def open_cut(self) -> None:
         config = self.config
-        self._packer = TokenPacker(
-            config.seq_len, self.samples_per_shard, self.dtype, self.position
-        )
-        self._reported = 0
+        self.layout = ShardLayout(self.columns, config.seq_len)
+        self._cutter = StreamCutter(config.seq_len, self.samples_per_shard, self.position)
+        self._reported = 0  # whole sequences so far
 
-    # Typed as the pipeline's (Any): a document build swaps this encoder for its own.
-    def task(self, number: int, unit: Any) -> Any:
+    def task(self, number: int, unit: Any) -> ChunkTask:
         return ChunkTask(unit, self.config.field, self.spec, self.dtype.name, self.config.skip_bad)
 
-    @staticmethod
-    def work(task: Any) -> Any:
-        """A worker's step: :func:`tokenize_chunk`."""
-        return tokenize_chunk(task)
+    work = staticmethod(tokenize_chunk)
 
-    def add(self, run: BuildRun, number: int, result: Any) -> tuple[int, int]:
-        column = self.config.column
-        for block, pos in self._packer.add(number, result.tokens):
-            resume = {"stream": pos.to_dict(), "documents_before_chunk": self.documents}
-            if self.config.skip_bad:
-                resume["skipped_before_chunk"] = self.skipped.state()
-            run.store_arrays(resume, self.columns, {column: block})
-        self.documents += result.documents
-        self.skipped.take(self.units[number], result.bad)
+    def cut(self, number: int, count: TokenCount) -> Counted:
+        cutter = self._cutter
+        shards = [
+            CutShard(c.pieces, self.resume_at(c.position)) for c in cutter.add(number, count.tokens)
+        ]
+        self.documents += count.documents
+        self.skipped.take(self.units[number], count.bad)
         # Whole sequences so far: the rate users care about, before a shard ends.
         seq_len = self.config.seq_len
-        sequences = (self._packer.tokens_seen - self.position.tokens_before) // seq_len
+        sequences = (cutter.tokens_seen - self.position.tokens_before) // seq_len
         new, self._reported = sequences - self._reported, sequences
-        return new, new * seq_len * self.dtype.itemsize
-
-    def finish(self, run: BuildRun) -> None:
-        last, self.dropped = self._packer.finish()
-        self.tokens = self._packer.tokens_seen
-        if len(last):
-            run.store_arrays(self.final_resume(), self.columns, {self.config.column: last})
-
-    def final_resume(self) -> dict[str, Any]:
-        """The journal record of the last shard: the end of the stream and the final counts."""
-        end = StreamPosition(len(self.units), 0, self.tokens)
-        final = {
-            "stream": end.to_dict(),
-            "final": True,
-            "dropped": self.dropped,
-            "docs": self.documents,
-        }
-        if self.config.skip_bad:
-            final["skipped"] = self.skipped.state()
-        return final
-
-    def empty_error(self) -> InputError:
-        error = too_little_input(self.config, self.source.names, self.documents, self.tokens)
-        if self.skipped.count:
-            return InputError(f"{error} ({self.skipped.count} bad lines skipped)")
-        return error
-
-    def metadata(self, run: BuildRun) -> dict[str, Any]:
-        layout = (
-            {"layout": "documents"} if self.config.documents else {"seq_len": self.config.seq_len}
+        out_bytes = new * seq_len * self.dtype.itemsize
+        return Counted(
+            shards, new, out_bytes, {"documents": count.documents, "tokens": count.tokens}
         )
-        return {
-            "kind": "text",
-            "fingerprint": self._fingerprint,
-            "columns": self.columns,
-            **layout,
-            "tokenizer": self.described,
-            "eos_id": self.eos_id,
-            "vocab_size": self.vocab_size,
-            "tokens": self.tokens,
-            "documents": self.documents,
-            "dropped_tokens": self.dropped,
-            "config": content_options(self.config),
-            "lineage": self.source.lineage,
-            **self._skipped_metadata(),
-        }
 
-    def _skipped_metadata(self) -> dict[str, Any]:
-        if not self.config.skip_bad:
-            return {}
-        named = [{"source": b.source, "reason": b.reason} for b in self.skipped.named]
-        return {"skipped": named, "skipped_count": self.skipped.count}
+    def cut_last(self) -> CutShard | None:
+        last, self.dropped = self._cutter.finish()
+        self.tokens = self._cutter.tokens_seen
+        return None if last is None else CutShard(last.pieces, self.final_resume())
 
-
-def too_little_input(
-    config: TextBuildConfig, inputs: list[str], documents: int, tokens: int
-) -> InputError:
-    """The error of a build whose input holds no documents, or less than one sequence."""
-    names = ", ".join(inputs[:3]) + (" ..." if len(inputs) > 3 else "")
-    if documents == 0:
-        return InputError(f"no documents in the input ({names}): the files hold no text records")
-    return InputError(
-        f"the input ({names}) holds {documents} documents = {tokens} tokens, fewer than one "
-        f"sequence of --seq-len {config.seq_len}; add data or lower --seq-len"
-    )
+    def needed(self, number: int) -> bool:
+        first = self._cutter.first_needed
+        return first is not None and number >= first

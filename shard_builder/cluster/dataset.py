@@ -6,7 +6,9 @@ Text datasets have a text column; image datasets an image column (bytes, or HF d
 The dataset is materialized in the cluster's object store (spilling to disk as needed)
 with its row order preserved, and each of its blocks becomes one unit of work, like a
 file chunk: an actor receives the block (from whichever node holds it) and tokenizes its
-documents. The driver holds only the blocks' references and sizes. The block layout is part
+documents (:func:`tokenize_block`, :func:`check_block_images`: the steps the Ray driver
+runs instead of the kinds' file readers). The driver holds only the blocks' references and
+sizes. The block layout is part
 of the build's fingerprint, so a re-run resumes from the journal only when the blocks are
 the same (the same files read the same way); otherwise it refuses to mix outputs.
 """
@@ -17,14 +19,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from shardstream.errors import ConfigError, InputError
 from shardstream.shard_builder.config import ImageBuildConfig, TextBuildConfig
 from shardstream.shard_builder.image_codec import column_encoding
 from shardstream.shard_builder.image_source import ImageChunk, ImageSource, Item
-from shardstream.shard_builder.text import TEXT_SUFFIXES, TextSource
+from shardstream.shard_builder.images import CheckedImages, ImageTask, process_chunk
+from shardstream.shard_builder.text import ChunkTask, ChunkTokens
+from shardstream.shard_builder.tokenized import TEXT_SUFFIXES, TextSource
 from shardstream.storage import open_store
 
 _PARQUET = (".parquet", ".pq")
+_BATCH = 8192  # documents per encode_batch call (as the Parquet reader's batches)
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,43 @@ def text_source(
     described = lineage if lineage is not None else [{"dataset": str(dataset)}]
     source_lineage = [*described, {"blocks": [c.rows for c in chunks]}]
     return TextSource(chunks, source_lineage, [str(d.get("url", d)) for d in described])
+
+
+def tokenize_block(task: ChunkTask) -> ChunkTokens:
+    """A Ray actor's step on a text block (``task.chunk``, a :class:`BlockChunk`): fetch it
+    from its node and tokenize its documents, as :func:`~..text.tokenize_chunk` does a file
+    chunk's."""
+    import ray
+
+    chunk: BlockChunk = task.chunk
+    block = ray.get(chunk.ref)
+    field = task.field
+    # A pyarrow.Table, or a pandas frame.
+    docs = block.column(field).to_pylist() if hasattr(block, "column") else block[field].tolist()
+    for row, doc in enumerate(docs):
+        if not isinstance(doc, str):
+            raise InputError(
+                f"dataset block {chunk.number}, row {row}: column {field!r} is "
+                f"{type(doc).__name__}, not a string"
+            )
+    tokenizer = task.tokenizer.load()
+    parts = [
+        tokenizer.encode_docs(docs[i : i + _BATCH]).astype(task.dtype, copy=False)
+        for i in range(0, len(docs), _BATCH)
+    ]
+    tokens = np.concatenate(parts) if parts else np.empty(0, task.dtype)
+    return ChunkTokens(tokens, len(docs))
+
+
+def check_block_images(task: ImageTask) -> CheckedImages:
+    """A Ray actor's step on an image chunk: a dataset block (``task.chunk.block``) is
+    fetched from its node and its rows checked; a file chunk is read as a local build does."""
+    if task.chunk.block is None:
+        return process_chunk(task)
+    import ray
+
+    block = ray.get(task.chunk.block)
+    return process_chunk(task, block_items(task.chunk, block, task.skip))
 
 
 def _keep_order(dataset: Any) -> None:

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 from shardstream.errors import ConfigError, ShardstreamError
 from shardstream.shard_builder.cluster.connect import RayOptions, worker_env
 from shardstream.shard_builder.cluster.worker import BuildWorker
 from shardstream.shard_builder.config import OutputOptions
-from shardstream.shard_builder.pipeline import BuildKind, BuildRun, run_build
-from shardstream.shard_builder.result import BuildResult, WorkerStats
+from shardstream.shard_builder.result import WorkerStats
 
 log = logging.getLogger(__name__)
 
@@ -30,58 +28,24 @@ _RESUME = "the finished shards are kept: run the same command again to resume"
 
 
 class WorkerLostError(ShardstreamError):
-    """A worker actor, its node or an object it held was lost: a re-run resumes."""
+    """A worker actor, its node or an object it held was lost: a re-run resumes.
 
+    ``error`` is the name of Ray's error, ``detail`` the first line of its message; a
+    build that retries logs :attr:`lost` before it resumes.
+    """
 
-K = TypeVar("K", bound=BuildKind)
+    def __init__(self, error: str, detail: str) -> None:
+        self.error = error
+        self.detail = detail
+        super().__init__(f"{self.lost}; {_RESUME}")
 
+    @property
+    def lost(self) -> str:
+        """What was lost, in words (the message without its advice)."""
+        return f"a Ray worker or its node was lost during the build ({self.error}: {self.detail})"
 
-def build_on_pool(
-    ray: Any,
-    config: OutputOptions,
-    options: RayOptions,
-    make_kind: Callable[[], K],
-    drive: Callable[[K, BuildRun, WorkerPool], None],
-) -> BuildResult:
-    """:func:`~shardstream.shard_builder.pipeline.run_build` of ``make_kind()``, whose
-    shards ``drive`` makes on a pool of worker actors. While workers are lost it runs again
-    from the journal (which holds every shard stored so far; a fresh kind each attempt) up
-    to ``options.retries`` times. The result carries each actor's numbers and the pool's
-    start-up time (``workers_start_s``)."""
-    stats: list[WorkerStats] = []
-    timings: dict[str, float] = {}
-    nodes: set[str] = set()  # the nodes the attempt's workers ran on
-
-    def produce(kind: K, run: BuildRun) -> None:
-        started = time.perf_counter()
-        with worker_pool(ray, config, options) as pool:
-            nodes.update(pool.nodes)
-            timings["workers_start_s"] = time.perf_counter() - started
-            drive(kind, run, pool)
-            stats.extend(pool.stats())
-
-    for attempt in range(options.retries + 1):
-        stats.clear()
-        try:
-            result = run_build(make_kind(), produce)
-            break
-        except WorkerLostError as exc:
-            if attempt == options.retries:
-                raise
-            lost = str(exc).split("; the finished shards")[0]
-            log.warning(
-                "%s; resuming from the journal (attempt %d of %d)",
-                lost,
-                attempt + 2,
-                options.retries + 1,
-            )
-            wait_for_lost_nodes(ray, nodes, options.node_loss_wait_s)
-            nodes.clear()
-    return replace(
-        result,
-        workers=tuple(stats),
-        timings={**result.timings, **timings},
-    )
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.error, self.detail)
 
 
 def wait_for_lost_nodes(ray: Any, nodes: set[str], budget_s: float) -> None:
@@ -218,10 +182,7 @@ def translate_errors(ray: Any) -> Iterator[None]:
         exceptions.OwnerDiedError,
     ) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise WorkerLostError(
-            f"a Ray worker or its node was lost during the build ({type(exc).__name__}: "
-            f"{first}); {_RESUME}"
-        ) from exc
+        raise WorkerLostError(type(exc).__name__, first) from exc
     except exceptions.RayError as exc:
         raise ShardstreamError(f"Ray failed during the build ({exc}); {_RESUME}") from exc
 

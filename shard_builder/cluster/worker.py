@@ -1,13 +1,13 @@
 """The build worker: one Ray actor per CPU, doing every step but the bookkeeping.
 
-An actor tokenizes (or encodes documents of, or checks images of) chunks with the local
-builder's own functions,
-keeping the tokenizer loaded for its lifetime; the results stay in the Ray object store of
-its node and only their counts go to the driver. Asked to write a shard, it gathers that
-shard's pieces (from its own node or another), writes the file with the MDS codec and
-uploads it straight to the output (multipart, through :mod:`shardstream.storage`) after
-writing its journal entry, and returns the :class:`ShardInfo`: the only thing of a shard
-the driver ever holds.
+An actor runs a kind's worker step on units of work (:meth:`BuildWorker.work`: tokenize,
+encode documents, check images: the local builder's own functions, the tokenizer loaded
+once per process); the payloads stay in the Ray object store of its node and only their
+counts go to the driver. Asked to write a shard (:meth:`BuildWorker.write`), it gathers
+that shard's pieces (from its own node or another), writes the file as the kind's
+:class:`~..cut.ShardLayout` says and uploads it straight to the output (multipart, through
+:mod:`shardstream.storage`) after writing its journal entry, and returns the
+:class:`ShardInfo`: the only thing of a shard the driver ever holds.
 
 This module does not import Ray; :mod:`.pool` turns :class:`BuildWorker` into an actor.
 """
@@ -20,81 +20,34 @@ import shutil
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
-from shardstream.errors import InputError
-from shardstream.mds import ShardInfo, write_shard, write_shard_arrays
-from shardstream.shard_builder.cluster.dataset import block_items
+from shardstream.mds import ShardInfo
 from shardstream.shard_builder.config import OutputOptions
-from shardstream.shard_builder.documents import DocumentSizes, DocumentTask, encode_documents
-from shardstream.shard_builder.images import CheckedImages, ImageTask, process_chunk
+from shardstream.shard_builder.cut import ShardLayout, UnitResult
 from shardstream.shard_builder.journal import JOURNAL_DIR, record_done, shard_key
-from shardstream.shard_builder.packing import Piece, gather
+from shardstream.shard_builder.packing import Piece
 from shardstream.shard_builder.result import WorkerStats
 from shardstream.shard_builder.sink import local_output_dir
-from shardstream.shard_builder.text import ChunkTask, tokenize_chunk
-from shardstream.shard_builder.tokenize import TokenizerSpec
 from shardstream.storage import open_store
 
 _SHARD_MODE = 0o644
-_BATCH = 8192  # documents per encode_batch call (as the Parquet reader's batches)
 
 
 @dataclass(frozen=True)
-class TokenCount:
-    """What the driver learns of a tokenized chunk: its tokens and documents."""
-
-    tokens: int
-    documents: int
-
-
-@dataclass(frozen=True)
-class ImageCount:
-    """What the driver learns of a checked chunk: item numbers, sample sizes, bad images."""
-
-    numbers: list[int]
-    sizes: list[int]
-    bad: list[tuple[int, Any]]  # (item, BadInput)
-
-
-@dataclass(frozen=True)
-class BlockTask:
-    """How to tokenize a Ray Data block (the block itself travels as a separate argument)."""
-
-    field: str
-    tokenizer: TokenizerSpec
-    dtype: str
-    number: int
-    nbytes: int
-
-
-@dataclass(frozen=True)
-class TokenShard:
-    """A text shard to write: its position, its pieces of which chunks' tokens, its column,
-    and its journal entry's ``resume`` (where the stream stands after it)."""
+class ShardJob:
+    """A shard to write: its position, its pieces of which units' payloads (``units``: the
+    order the payloads come in), how it is written, and its journal entry's ``resume``
+    (where the input stands after it)."""
 
     position: int
     pieces: tuple[Piece, ...]
-    chunks: tuple[int, ...]
-    columns: dict[str, str]
-    seq_len: int
+    units: tuple[int, ...]
+    layout: ShardLayout
     resume: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class SampleShard:
-    """An image or document shard to write: its position, the ``(start, end)`` range of
-    each sample list it takes, its columns, and its journal entry's ``state``."""
-
-    position: int
-    ranges: tuple[tuple[int, int], ...]
-    columns: dict[str, str]
-    state: dict[str, Any]
 
 
 class WorkerOutput:
@@ -143,8 +96,7 @@ class WorkerOutput:
 
 
 class BuildWorker:
-    """A Ray actor (see :mod:`.pool`) that tokenizes, encodes documents, checks images and
-    writes shards."""
+    """A Ray actor (see :mod:`.pool`) that runs kinds' worker steps and writes shards."""
 
     def __init__(self, output: str, options: OutputOptions) -> None:
         self._out = WorkerOutput(output)
@@ -165,93 +117,23 @@ class BuildWorker:
 
         return str(ray.get_runtime_context().get_node_id())
 
-    def tokenize(self, task: ChunkTask) -> tuple[TokenCount, npt.NDArray[Any]]:
-        """Tokenize one chunk: its counts (for the driver) and its tokens (stay here)."""
+    def work(self, step: Callable[[Any], UnitResult], task: Any, nbytes: int) -> tuple[Any, Any]:
+        """Run a kind's worker ``step`` on one unit's ``task`` (``nbytes`` of input): its
+        count (for the driver) and its payload (stays here, for :meth:`write`)."""
         started = time.perf_counter()
-        result = tokenize_chunk(task)
-        self._account(started, chunks=1, items=result.documents, input_bytes=task.chunk.nbytes)
-        return TokenCount(len(result.tokens), result.documents), result.tokens
+        result = step(task)
+        self._account(started, chunks=1, items=result.items, input_bytes=nbytes)
+        return result.count(), result.payload
 
-    def tokenize_block(self, task: BlockTask, block: Any) -> tuple[TokenCount, npt.NDArray[Any]]:
-        """Tokenize the documents of a Ray Data block (an Arrow table or pandas frame)."""
+    def write(self, job: ShardJob, *payloads: Any) -> ShardInfo:
+        """Write ``job``'s shard from its pieces of the units' ``payloads`` (in the order of
+        ``job.units``), store it with its journal entry."""
         started = time.perf_counter()
-        field, number = task.field, task.number
-        if hasattr(block, "column"):  # pyarrow.Table
-            docs = block.column(field).to_pylist()
-        else:
-            docs = block[field].tolist()
-        for row, doc in enumerate(docs):
-            if not isinstance(doc, str):
-                raise InputError(
-                    f"dataset block {number}, row {row}: column {field!r} is "
-                    f"{type(doc).__name__}, not a string"
-                )
-        tokenizer = task.tokenizer.load()
-        parts = [
-            tokenizer.encode_docs(docs[i : i + _BATCH]).astype(task.dtype, copy=False)
-            for i in range(0, len(docs), _BATCH)
-        ]
-        tokens = np.concatenate(parts) if parts else np.empty(0, task.dtype)
-        self._account(started, chunks=1, items=len(docs), input_bytes=task.nbytes)
-        return TokenCount(len(tokens), len(docs)), tokens
-
-    def encode_documents(self, task: DocumentTask) -> tuple[DocumentSizes, list[bytes]]:
-        """Tokenize one chunk's documents and encode each as a sample: their sizes and
-        tokens (for the driver's cut) and the samples (stay here, for ``write_samples``)."""
-        started = time.perf_counter()
-        encoded = encode_documents(task)
-        docs = len(encoded.samples)
-        self._account(started, chunks=1, items=docs, input_bytes=task.chunk.nbytes)
-        return encoded.sizes(), encoded.samples
-
-    def check_images(self, task: ImageTask) -> tuple[ImageCount, list[bytes]]:
-        """Check one chunk of images: numbers, sizes and bad images; the samples stay here."""
-        started = time.perf_counter()
-        if task.chunk.block is not None:  # a Ray Data block: fetched from its node
-            import ray
-
-            block = ray.get(task.chunk.block)
-            done: CheckedImages = process_chunk(task, block_items(task.chunk, block, task.skip))
-        else:
-            done = process_chunk(task)
-        self._account(started, chunks=1, items=len(done.samples), input_bytes=task.chunk.nbytes)
-        sizes = [len(s) for s in done.samples]
-        return ImageCount(done.numbers, sizes, done.bad), done.samples
-
-    def write_tokens(self, shard: TokenShard, *arrays: npt.NDArray[Any]) -> ShardInfo:
-        """Write ``shard`` from its pieces of the chunks' token arrays (``arrays``, in the
-        order of ``shard.chunks``), store it with its journal entry."""
-        started = time.perf_counter()
-        block = gather(shard.pieces, dict(zip(shard.chunks, arrays, strict=True)))
-        (column,) = shard.columns
-        opts = self._options
-        info = write_shard_arrays(
-            self._out.folder,
-            shard_key(shard.position, opts.spread_prefixes),
-            shard.columns,
-            {column: np.ascontiguousarray(block).reshape(-1, shard.seq_len)},
-            **opts.shard_format(),
-        )
-        self._out.store(shard.position, info, shard.resume)
-        self._account(started, shards=1, written=info.stored.bytes)
-        return info
-
-    def write_samples(self, shard: SampleShard, *sample_lists: list[bytes]) -> ShardInfo:
-        """Write ``shard`` from ``sample_lists[i][start:end]`` for each of its ranges, store
-        it with its journal entry."""
-        started = time.perf_counter()
-        samples = [
-            s for (lo, hi), got in zip(shard.ranges, sample_lists, strict=True) for s in got[lo:hi]
-        ]
-        opts = self._options
-        info = write_shard(
-            self._out.folder,
-            shard_key(shard.position, opts.spread_prefixes),
-            shard.columns,
-            samples,
-            **opts.shard_format(),
-        )
-        self._out.store(shard.position, info, shard.state)
+        layout = job.layout
+        data = layout.data(job.pieces, dict(zip(job.units, payloads, strict=True)))
+        key = shard_key(job.position, self._options.spread_prefixes)
+        info = layout.write(self._out.folder, key, data, self._options)
+        self._out.store(job.position, info, job.resume)
         self._account(started, shards=1, written=info.stored.bytes)
         return info
 

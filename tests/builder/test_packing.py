@@ -1,4 +1,5 @@
-"""The token packer: exact sequences, only the tail dropped, and resume from any shard end."""
+"""The text kind's cut (``StreamCutter``, its pieces gathered as a local build and a Ray worker
+do): exact sequences, only the tail dropped, and resume from any shard end."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardstream.shard_builder.packing import StreamPosition, TokenPacker
+from shardstream.shard_builder.packing import StreamCutter, StreamPosition, gather
 
 chunk_lists = st.lists(st.integers(0, 60), min_size=0, max_size=12)
 
@@ -22,16 +23,17 @@ def _chunks(lengths: list[int]) -> list[np.ndarray]:
 def _run(
     chunks: list[np.ndarray], seq: int, per_shard: int, start: StreamPosition
 ) -> tuple[list[np.ndarray], list[StreamPosition], int, int]:
-    packer = TokenPacker(seq, per_shard, np.dtype(np.uint32), start)
+    cutter = StreamCutter(seq, per_shard, start)
     blocks, positions = [], []
+    arrays = dict(enumerate(chunks))
     for number in range(start.chunk, len(chunks)):
-        for block, pos in packer.add(number, chunks[number]):
-            blocks.append(block)
-            positions.append(pos)
-    last, dropped = packer.finish()
-    if len(last):
-        blocks.append(last)
-    return blocks, positions, dropped, packer.tokens_seen
+        for cut in cutter.add(number, len(chunks[number])):
+            blocks.append(gather(cut.pieces, arrays).reshape(-1, seq))
+            positions.append(cut.position)
+    last, dropped = cutter.finish()
+    if last is not None:
+        blocks.append(gather(last.pieces, arrays).reshape(-1, seq))
+    return blocks, positions, dropped, cutter.tokens_seen
 
 
 @settings(max_examples=200, deadline=None)
