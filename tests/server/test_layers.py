@@ -81,6 +81,11 @@ def test_the_data_layer_knows_nothing_above_it() -> None:
     assert _offending("data", above) == {}
 
 
+def test_console_pages_hold_no_sql() -> None:
+    """Pages read through ``data/`` and the use cases, as the API does."""
+    assert _offending("console", ("sqlalchemy",)) == {}
+
+
 def test_the_rule_is_seen_failing(tmp_path: Path) -> None:
     """The scan finds a query import in a route (so the rules above can fail)."""
     route = tmp_path / "route.py"

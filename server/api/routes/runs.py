@@ -8,11 +8,11 @@ from fastapi import APIRouter, Path, Query, Request, Response, status
 
 from shardstream.server.api.deps import ERRORS, Cursor, Limit, Reader, RunId, SessionDep, Writer
 from shardstream.server.data import attempts as attempts_data
-from shardstream.server.data import audit_answer, mixture_history
 from shardstream.server.data import checkpoints as checkpoints_data
 from shardstream.server.data import input_stats as input_stats_data
+from shardstream.server.data import mixture_history
 from shardstream.server.data import runs as data
-from shardstream.server.services import attempts, checkpoints
+from shardstream.server.services import attempts, audit, checkpoints
 from shardstream.server.services import runs as runs_service
 from shardstream.server.services.checkpoints import CommitResult
 from shardstream.wire import (
@@ -146,7 +146,7 @@ def audit_run(run_id: RunId, session: SessionDep, who: Reader) -> dict[str, Any]
     rollbacks and plan changes, each list cut to its first entries beside its full count
     (see docs/server.md, "The audit")."""
     data.require_readable(session, who, run_id)
-    return audit_answer.audit(session, run_id)
+    return audit.audit(session, run_id)
 
 
 RankLimit = Annotated[

@@ -3,9 +3,9 @@
 The audit is one report, not a page, and it lists every attempt of the run with its plan
 changes, and its rollbacks: for a run of 10,000 attempts it once answered 175 MiB to a
 read token. Each of those lists keeps its first entries (at most 100, within about a
-megabyte for the three; :func:`~.paging.capped_lists`) beside its full count
-(``attempt_count``, ``plan_change_count``, ``rollback_count``); every attempt is in the
-paged ``GET /v1/runs/{id}/attempts``.
+megabyte for the three; :func:`~shardstream.server.data.paging.capped_lists`) beside its
+full count (``attempt_count``, ``plan_change_count``, ``rollback_count``); every attempt
+is in the paged ``GET /v1/runs/{id}/attempts``.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from . import audit as audit_data
-from .paging import capped_lists
+from shardstream.server.data import audit as audit_data
+from shardstream.server.data.paging import capped_lists
 
 LIST_COUNTS = {
     "attempts": "attempt_count",
@@ -27,5 +27,6 @@ one's full count (the audit itself bounds its failures, epochs and history segme
 
 
 def audit(session: Session, run_id: int) -> dict[str, Any]:
-    """The audit report of run ``run_id`` (:func:`.audit.audit`) with its lists capped."""
+    """The audit report of run ``run_id`` (:func:`shardstream.server.data.audit.audit`)
+    with its lists capped."""
     return capped_lists(audit_data.audit(session, run_id), LIST_COUNTS)
