@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal
 
 from shardstream.errors import ConfigError
 from shardstream.hashing import SUPPORTED_HASHES
-from shardstream.mds import DEFAULT_BLOCK_SIZE, DEFAULT_PIECE_SIZE
+from shardstream.mds import DEFAULT_BLOCK_SIZE, DEFAULT_PIECE_SIZE, ShardFormat
 from shardstream.mds._pieces import check_piece_size
 
 MB = 1 << 20
@@ -43,16 +43,6 @@ def _as_tuple(value: object) -> tuple[str, ...]:
 
 def _default_workers() -> int:
     return os.cpu_count() or 1
-
-
-class ShardFormat(TypedDict):
-    """The codec's keyword arguments that :class:`OutputOptions` decide."""
-
-    compression: str | None
-    hashes: tuple[str, ...]
-    size_limit: int
-    block_size: int
-    piece_size: int | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,14 +74,15 @@ class OutputOptions:
     verifies its first samples piece by piece instead of fetching whole blocks."""
 
     def shard_format(self) -> ShardFormat:
-        """How each shard is written (``write_shard``, ``write_shard_arrays``)."""
-        return {
-            "compression": self.compression,
-            "hashes": self.hashes,
-            "size_limit": self.shard_size,
-            "block_size": self.block_size,
-            "piece_size": self.piece_size,
-        }
+        """How each shard is written (the codec's ``fmt``: ``write_shard``,
+        ``write_shard_arrays``)."""
+        return ShardFormat(
+            compression=self.compression,
+            hashes=self.hashes,
+            size_limit=self.shard_size,
+            block_size=self.block_size,
+            piece_size=self.piece_size,
+        )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hashes", _as_tuple(self.hashes))

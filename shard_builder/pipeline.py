@@ -102,8 +102,8 @@ class BuildRun:
         self, codec: Callable[..., ShardInfo], resume: dict[str, Any], columns: Any, data: Any
     ) -> ShardInfo:
         key = shard_key(len(self.shards), self.config.spread_prefixes)
-        folder, options = self.sink.staging, self.config.shard_format()
-        return self.store(resume, lambda: codec(folder, key, columns, data, **options))
+        folder, fmt = self.sink.staging, self.config.shard_format()
+        return self.store(resume, lambda: codec(folder, key, columns, data, fmt=fmt))
 
     def hand_over(self, position: int, info: ShardInfo, resume: dict[str, Any]) -> None:
         """Shard ``position`` (the next one), written in :attr:`ShardSink.staging` by another

@@ -1,6 +1,7 @@
 """The MDS v2 shard codec, byte-compatible with mosaicml-streaming 0.13 both ways.
 
-Writing::
+Writing (how each shard is written is one :class:`ShardFormat`, whose settings the
+writers also take as keywords)::
 
     from shardstream.mds import MDSWriter
     with MDSWriter(out_dir, {"tokens": "ndarray:uint16:2048"}, compression="zstd") as w:
@@ -35,6 +36,7 @@ from shardstream.mds._blocks import (
 )
 from shardstream.mds._compression import check_compression, compress, decompress_shard
 from shardstream.mds._encodings import ENCODINGS, Codec, encoded_size, get_codec
+from shardstream.mds._format import ShardFormat
 from shardstream.mds._index import (
     INDEX_BASENAME,
     FileInfo,
@@ -73,6 +75,7 @@ __all__ = [
     "MDSWriter",
     "PieceSpec",
     "PieceTable",
+    "ShardFormat",
     "ShardInfo",
     "ShardReader",
     "blocks_for_range",

@@ -433,11 +433,4 @@ def blocks_of_spans(
     return spread
 
 
-def compute_block_digests(data: Buffer, block_size: int, algo: str = BLOCK_DIGEST_ALGO) -> str:
-    """The ``raw_data.hashes`` value for a whole file's bytes (for tools and tests)."""
-    hasher = BlockHasher(algo, block_size)
-    hasher.update(data)
-    return hasher.finish().hex
-
-
 _ONE_SHOT = {"xxh3_64": xxhash.xxh3_64_hexdigest}

@@ -28,7 +28,7 @@ import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
@@ -36,16 +36,20 @@ from shardstream.errors import ConfigError, InputError
 from shardstream.hashing import hash_bytes, new_hasher
 from shardstream.mds._blocks import (
     BLOCK_DIGEST_ALGO,
-    DEFAULT_BLOCK_SIZE,
     BlockHasher,
     HeaderHasher,
     check_block_size,
     digests_key,
 )
-from shardstream.mds._compression import check_compression, compress, compression_extension
+from shardstream.mds._compression import compress, compression_extension
+from shardstream.mds._format import (
+    DEFAULT_FORMAT,
+    MAX_SHARD_BYTES,
+    ShardFormat,
+    ShardFormatKeywords,
+)
 from shardstream.mds._index import FileInfo, ShardInfo, check_shard_basename
 from shardstream.mds._pieces import (
-    DEFAULT_PIECE_SIZE,
     check_piece_size,
     piece_table,
     pieces_entry,
@@ -53,30 +57,11 @@ from shardstream.mds._pieces import (
 )
 from shardstream.mds._sample import parse_columns
 
-_MAX_BYTES = 1 << 32  # offsets are uint32
+_MAX_BYTES = MAX_SHARD_BYTES
 # Bytes fed to every hasher (and the file) in turn: small enough to stay in the CPU's
 # cache from one hasher to the next. With 4 MiB steps each hasher read the step from
 # memory again, and hashing a shard took up to twice as long.
 _HASH_STEP = 256 << 10
-
-
-def normalize_hashes(hashes: Sequence[str]) -> tuple[str, ...]:
-    """Sorted, de-duplicated hash names (MosaicML requires sorted); validates each name."""
-    if isinstance(hashes, str):
-        hashes = (hashes,)
-    names = tuple(sorted(set(hashes)))
-    for algo in names:
-        new_hasher(algo)
-    return names
-
-
-def check_size_limit(size_limit: int | None) -> int | None:
-    """``None`` (one shard) or a byte count in ``(0, 2**32)``; 0 means ``None`` as in MosaicML."""
-    if not size_limit:
-        return None
-    if not isinstance(size_limit, int) or not 0 < size_limit < _MAX_BYTES:
-        raise ConfigError(f"size_limit must be between 1 and 2**32 - 1 bytes, got {size_limit!r}")
-    return size_limit
 
 
 def shard_config(
@@ -87,16 +72,24 @@ def shard_config(
     size_limit: int | None,
 ) -> ShardInfo:
     """A :class:`ShardInfo` template (no files yet) with validated settings."""
+    parse_columns(columns)  # the columns are checked first
+    return format_template(
+        columns, ShardFormat(compression=compression, hashes=tuple(hashes), size_limit=size_limit)
+    )
+
+
+def format_template(columns: Mapping[str, str], fmt: ShardFormat) -> ShardInfo:
+    """The :class:`ShardInfo` template (no files yet) of ``columns`` written as ``fmt``."""
     cols = parse_columns(columns)
     return ShardInfo(
         column_encodings=tuple(codec.encoding for _, codec in cols),
         column_names=tuple(name for name, _ in cols),
         column_sizes=tuple(codec.size for _, codec in cols),
-        compression=check_compression(compression, writing=True),
-        hashes=normalize_hashes(hashes),
+        compression=fmt.compression,
+        hashes=fmt.hashes,
         raw_data=FileInfo("", 0),
         samples=0,
-        size_limit=check_size_limit(size_limit),
+        size_limit=fmt.size_limit,
     )
 
 
@@ -109,8 +102,8 @@ def samples_per_shard(
     columns: Mapping[str, str],
     size_limit: int | None,
     *,
-    compression: str | None = None,
-    hashes: Sequence[str] = ("sha1", "xxh3_64"),
+    compression: str | None = DEFAULT_FORMAT.compression,
+    hashes: Sequence[str] = DEFAULT_FORMAT.hashes,
 ) -> int:
     """How many samples of all-fixed-size ``columns`` MosaicML's rule puts in one shard.
 
@@ -139,25 +132,30 @@ def write_shard(
     columns: Mapping[str, str],
     encoded: Sequence[bytes],
     *,
-    compression: str | None = None,
-    hashes: Sequence[str] = ("sha1", "xxh3_64"),
-    size_limit: int | None = 128 << 20,
-    block_size: int | None = DEFAULT_BLOCK_SIZE,
-    piece_size: int | None = DEFAULT_PIECE_SIZE,
+    fmt: ShardFormat = DEFAULT_FORMAT,
+    **keywords: Unpack[ShardFormatKeywords],
 ) -> ShardInfo:
     """Write one shard from already-encoded samples (see :func:`encode_sample`).
 
     ``path`` is the dataset directory; the shard is written there as ``basename`` (e.g.
     ``shard.00000.mds``, or ``1f0c/shard.00000.mds`` in a sub-folder), or as
-    ``basename + ".zstd"`` when compressed, via a temp file and a rename. ``size_limit``
-    is only recorded (the caller decides what goes in a shard).
-    ``block_size`` is the per-block digest size and ``piece_size`` the piece digest size
-    (``None``: none). Returns the index entry.
+    ``basename + ".zstd"`` when compressed, via a temp file and a rename, as ``fmt``
+    (:class:`ShardFormat`) with the settings given as keywords (``compression="zstd"``).
+    Its ``size_limit`` is only recorded (the caller decides what goes in a shard).
+    Returns the index entry.
     """
-    template = shard_config(columns, compression=compression, hashes=hashes, size_limit=size_limit)
+    parse_columns(columns)  # the columns are checked first
+    fmt = fmt.with_keywords(keywords)
+    template = format_template(columns, fmt)
     sizes = [len(e) for e in encoded]
     return write_samples(
-        Path(path), basename, template, sizes, encoded, block_size=block_size, piece_size=piece_size
+        Path(path),
+        basename,
+        template,
+        sizes,
+        encoded,
+        block_size=fmt.block_size,
+        piece_size=fmt.piece_size,
     )
 
 
@@ -168,8 +166,8 @@ def write_samples(
     sizes: Sequence[int],
     parts: Sequence[bytes | memoryview],
     *,
-    block_size: int | None = DEFAULT_BLOCK_SIZE,
-    piece_size: int | None = DEFAULT_PIECE_SIZE,
+    block_size: int | None = DEFAULT_FORMAT.block_size,
+    piece_size: int | None = DEFAULT_FORMAT.piece_size,
 ) -> ShardInfo:
     """Write a shard whose samples, of byte ``sizes``, are the concatenation of ``parts``.
 
@@ -200,11 +198,8 @@ def write_shard_arrays(
     columns: Mapping[str, str],
     arrays: Mapping[str, np.ndarray[Any, Any]],
     *,
-    compression: str | None = None,
-    hashes: Sequence[str] = ("sha1", "xxh3_64"),
-    size_limit: int | None = 128 << 20,
-    block_size: int | None = DEFAULT_BLOCK_SIZE,
-    piece_size: int | None = DEFAULT_PIECE_SIZE,
+    fmt: ShardFormat = DEFAULT_FORMAT,
+    **keywords: Unpack[ShardFormatKeywords],
 ) -> ShardInfo:
     """Write one shard of all-fixed-size columns from whole arrays, with no per-sample Python.
 
@@ -212,16 +207,20 @@ def write_shard_arrays(
     ``(n, *shape)`` with the exact dtype for ``ndarray:<dtype>:<shape>``, ``(n,)`` for scalar
     encodings (``int`` is int64). The bytes are identical to :func:`write_shard` over the
     same samples. Offsets are computed by arithmetic and the file is assembled in one buffer.
-    Use :func:`samples_per_shard` to cut the input into shards.
+    Use :func:`samples_per_shard` to cut the input into shards. ``fmt`` and ``keywords``
+    as for :func:`write_shard`.
     """
-    template = shard_config(columns, compression=compression, hashes=hashes, size_limit=size_limit)
+    parse_columns(columns)  # the columns are checked first
+    fmt = fmt.with_keywords(keywords)
+    block_size = fmt.block_size
+    template = format_template(columns, fmt)
     stride = _fixed_stride(template)
     config = config_bytes(template)
     lengths = {len(a) for a in arrays.values() if isinstance(a, np.ndarray) and a.ndim}
     if len(lengths) != 1:
         raise InputError(f"{basename}: arrays must be numpy arrays of one common length")
     (n,) = lengths
-    piece_size = _pieces_for(template, block_size, piece_size)
+    piece_size = _pieces_for(template, block_size, fmt.piece_size)
     table_len = table_length(n * stride, piece_size) if piece_size else 0
     head_len = 4 * (n + 2) + len(config) + table_len
     _check_total(head_len + n * stride, basename)

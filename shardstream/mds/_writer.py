@@ -8,17 +8,16 @@ than ``size_limit`` gets a shard of its own, where MosaicML first writes an empt
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
 from shardstream.errors import ConfigError
-from shardstream.mds._blocks import DEFAULT_BLOCK_SIZE, check_block_size
+from shardstream.mds._format import DEFAULT_FORMAT, ShardFormat, ShardFormatKeywords
 from shardstream.mds._index import INDEX_BASENAME, MDSIndex
-from shardstream.mds._pieces import DEFAULT_PIECE_SIZE, check_piece_size
-from shardstream.mds._sample import make_parts_encoder
-from shardstream.mds._shard import config_bytes, shard_config, write_samples
+from shardstream.mds._sample import make_parts_encoder, parse_columns
+from shardstream.mds._shard import config_bytes, format_template, write_samples
 
 
 class MDSWriter:
@@ -32,14 +31,10 @@ class MDSWriter:
             for i, toks in enumerate(sequences):
                 w.write({"tokens": toks, "id": i})
 
-    ``compression`` is ``None``, ``"zstd"`` or ``"zstd:<level>"``; ``hashes`` name the
-    digests recorded per file (``shardstream.hashing``); ``size_limit`` is the largest
-    shard file in bytes (``None``: one shard). ``block_size`` is the size of the blocks
-    whose digests are recorded for ranged reads of uncompressed shards (``None``: none, and
-    the index is byte-identical to MosaicML's); ``piece_size`` that of the finer digests in
-    each shard's header (``None``: none, and the shards are byte-identical to MosaicML's).
-    ``exist_ok=False`` refuses a folder that
-    already holds an ``index.json``.
+    The shards are written as ``fmt`` (:class:`~shardstream.mds.ShardFormat`: ``compression``,
+    ``hashes``, ``size_limit``, ``block_size``, ``piece_size``, each documented there), with
+    the settings given as keywords (``compression="zstd"``) in its place.
+    ``exist_ok=False`` refuses a folder that already holds an ``index.json``.
     """
 
     def __init__(
@@ -47,20 +42,18 @@ class MDSWriter:
         out_dir: Path,
         columns: Mapping[str, str],
         *,
-        compression: str | None = None,
-        hashes: Sequence[str] = ("sha1", "xxh3_64"),
-        size_limit: int | None = 128 << 20,
-        block_size: int | None = DEFAULT_BLOCK_SIZE,
-        piece_size: int | None = DEFAULT_PIECE_SIZE,
+        fmt: ShardFormat = DEFAULT_FORMAT,
         exist_ok: bool = False,
+        **keywords: Unpack[ShardFormatKeywords],
     ) -> None:
         self.out_dir = Path(out_dir)
-        self.block_size = check_block_size(block_size)
-        self.piece_size = check_piece_size(piece_size)
+        self.format = fmt.with_keywords(keywords)
+        """How each shard is written."""
+        self.block_size = self.format.block_size
+        self.piece_size = self.format.piece_size
         self.columns = dict(columns)
-        self._template = shard_config(
-            columns, compression=compression, hashes=hashes, size_limit=size_limit
-        )
+        parse_columns(columns)
+        self._template = format_template(columns, self.format)
         self._encode = make_parts_encoder(columns)
         if (self.out_dir / INDEX_BASENAME).exists() and not exist_ok:
             raise ConfigError(
@@ -97,15 +90,6 @@ class MDSWriter:
         self._pending.extend(parts)
         self._pending_sizes.append(size)
         self._pending_size += size + 4
-
-    def write_encoded(self, data: bytes) -> None:
-        """Add one sample already encoded with :func:`encode_sample` for these columns."""
-        limit = self._template.size_limit
-        if limit is not None and self._pending_sizes and self._pending_size + len(data) + 4 > limit:
-            self.flush_shard()
-        self._pending.append(data)
-        self._pending_sizes.append(len(data))
-        self._pending_size += len(data) + 4
 
     def flush_shard(self) -> None:
         """Write the pending samples as the next shard (no-op when none are pending)."""

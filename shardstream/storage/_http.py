@@ -258,16 +258,6 @@ class HTTPStore(RemoteStore):
         raise self._read_only("list", prefix)
 
 
-class _BaseURL:
-    """Resolver for plain URLs: ``base/quoted-key`` (a class, so the store pickles)."""
-
-    def __init__(self, base: str) -> None:
-        self.base = base
-
-    def __call__(self, keys: list[str]) -> dict[str, str]:
-        return {k: f"{self.base}/{quote(k)}" for k in keys}
-
-
 def _chunks(resp: httpx.Response, what: str) -> Iterator[bytes]:
     with storage_errors(what):
         # No chunk size: bytes are handed on as they arrive, so a cut loses none of them.
