@@ -11,9 +11,11 @@ thread per process and server, over one reused connection pool:
   durable;
 * commits are sent one at a time in submission order (a run's steps only increase, and
   the server refuses a step below its latest: sending out of order would refuse good ones);
-* a commit is retried with backoff on connection errors, timeouts and 502/503/504 (by
-  the API client, then here until ``retry_for_s`` has passed), because a server restart
-  should not cost a checkpoint; any other refusal (409, 403, 404, 422) is final;
+* a commit is retried with backoff on connection errors, timeouts, 429 and 502/503/504
+  until ``retry_for_s`` has passed, because a server restart should not cost a
+  checkpoint: the API client does the retrying, under the project's one retry policy with
+  that deadline (:meth:`~shardstream.api_client.APIClient.with_retry`), so there is one
+  loop, not one nested in another; any other refusal (409, 403, 404, 422) is final;
 * a failure is logged when it happens and raised by the next ``submit`` or ``flush``
   (once), so the training loop learns about it at its next checkpoint at the latest;
 * ``flush`` waits until every commit submitted so far is durable; each process flushes
@@ -30,16 +32,15 @@ import atexit
 import logging
 import os
 import queue
-import random
 import threading
-import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shardstream.api_client import APIClient
 from shardstream.errors import APIError, ServerUnavailableError, ShardstreamError
+from shardstream.retry import RetryPolicy
 
 __all__ = ["CheckpointCommitter", "committer_for", "existing_committer"]
 
@@ -51,6 +52,10 @@ MAX_PENDING = 64
 RETRY_FOR_S = 120.0
 """How long a commit keeps being retried while the server is unreachable or answers 5xx:
 long enough to ride out a server restart, short enough that a failure surfaces."""
+
+PAUSE_CAP_S = 10.0
+"""The longest wait between two attempts of a commit (before jitter): a server back up is
+noticed within seconds, without a restarting server being asked every few milliseconds."""
 
 
 @dataclass
@@ -79,9 +84,12 @@ class CheckpointCommitter:
     ) -> None:
         if max_pending < 1:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+        if not retry_for_s >= 0:
+            raise ValueError(f"retry_for_s must be >= 0 seconds, got {retry_for_s}")
         self.url = url
         self.api = client() if client is not None else APIClient(url, token)
-        self._retry_for_s = retry_for_s
+        """The client for everything but commits (its own, shorter, retries)."""
+        self._commits = self.api.with_retry(commit_policy(self.api.retry, retry_for_s))
         self._queue: queue.Queue[_Commit | None] = queue.Queue(max_pending)
         self._lock = threading.Lock()
         self._last: Future[None] | None = None  # the newest commit submitted
@@ -191,33 +199,22 @@ class CheckpointCommitter:
                 commit.done.set_result(None)
 
     def _send(self, commit: _Commit) -> None:
-        deadline = time.monotonic() + self._retry_for_s
-        pause = 0.5
-        while True:
-            try:
-                self.api.commit_checkpoint(
-                    commit.run,
-                    step=commit.step,
-                    epoch=commit.epoch,
-                    sample_in_epoch=commit.sample_in_epoch,
-                    plan=commit.plan,
-                    attempt=commit.attempt,
-                    stats=commit.stats,
-                )
-                return
-            except ServerUnavailableError:
-                # The client already retried a few seconds; a restarting server takes
-                # longer. Other refusals are answers, not outages: no retry.
-                if time.monotonic() + pause > deadline:
-                    raise
-                log.warning(
-                    "checkpoint commit of run %s step %s: %s unavailable; retrying",
-                    commit.run,
-                    commit.step,
-                    self.url,
-                )
-                time.sleep(pause * random.uniform(0.5, 1.0))
-                pause = min(pause * 2, 10.0)
+        self._commits.commit_checkpoint(
+            commit.run,
+            step=commit.step,
+            epoch=commit.epoch,
+            sample_in_epoch=commit.sample_in_epoch,
+            plan=commit.plan,
+            attempt=commit.attempt,
+            stats=commit.stats,
+        )
+
+
+def commit_policy(usual: RetryPolicy, retry_for_s: float) -> RetryPolicy:
+    """``usual`` (the client's policy) bounded by ``retry_for_s`` seconds instead of a
+    number of attempts, its waits capped at :data:`PAUSE_CAP_S`: a restarting server takes
+    longer than a lookup's few retries, and a commit lost to it would cost a checkpoint."""
+    return replace(usual, attempts=None, cap_s=PAUSE_CAP_S, within_s=retry_for_s)
 
 
 class _Registry:

@@ -4,7 +4,8 @@ another package's private modules, and the server never imports the client.
 ``shardstream/`` holds three kinds of package (docs/architecture.md, ../shared/LAYOUT.md):
 
 * the **core** (:data:`CORE`): what two parts share, one home each (the MDS codec, storage,
-  the wire schema, the pure plan, the metadata server's HTTP client, errors, hashing);
+  the wire schema, the pure plan, the metadata server's HTTP client, the retry policy,
+  errors, hashing);
 * the **parts** (:data:`PARTS`): the client, the server, the shard builder;
 * the **entry points** (:data:`ENTRY_POINTS`): the ``shardstream`` command, the demo and the
   integrations alias, which put parts together for a user.
@@ -35,7 +36,7 @@ import shardstream
 ROOT = Path(shardstream.__file__).parent
 
 # "__init__" is the root package: ``__version__`` and the base error, nothing of a part.
-CORE = ("__init__", "api_client", "errors", "hashing", "mds", "plan", "storage", "wire")
+CORE = ("__init__", "api_client", "errors", "hashing", "mds", "plan", "retry", "storage", "wire")
 PARTS = ("client", "server", "shard_builder")
 ENTRY_POINTS = ("__main__", "cli", "demo", "integrations")
 

@@ -9,13 +9,13 @@ revalidated with ``If-None-Match``.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
-import random
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import httpx
 from pydantic import BaseModel
@@ -30,6 +30,7 @@ from shardstream.errors import (
     RequestValidationError,
     ServerUnavailableError,
 )
+from shardstream.retry import RetryPolicy
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -43,12 +44,28 @@ _ERRORS: dict[int, type[APIError]] = {
 _RETRY_STATUS = {429, 502, 503, 504}
 _MAX_RETRY_AFTER_S = 60.0
 """The longest a ``Retry-After`` is honoured (a 429 from the server's per-token budget)."""
+_RETRIES, _BACKOFF_S, _CAP_S = 5, 0.2, 5.0
+"""The default policy: 5 retries, waits from 0.2 s doubling up to 5 s (about 6 s in all)."""
 _MAX_CACHED = 4096
 _LOG = logging.getLogger("shardstream.api_client")
 
 
+def api_policy(retries: int = _RETRIES, backoff_s: float = _BACKOFF_S) -> RetryPolicy:
+    """The policy of ``APIClient(retries=..., backoff_s=...)``: ``retries`` after the first
+    attempt, waits doubling from ``backoff_s`` up to 5 s, each at least half its nominal
+    length (jitter 0.5: a call is not retried at once by chance)."""
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ConfigError(f"APIClient: retries must be an int >= 0, got {retries!r}")
+    return RetryPolicy(attempts=retries + 1, base_s=backoff_s, cap_s=_CAP_S, jitter=0.5)
+
+
 class APISession:
-    """A connection pool to the server with retries, error translation and an ETag cache."""
+    """A connection pool to the server with retries, error translation and an ETag cache.
+
+    Retries are a setting of the session: ``retries`` and ``backoff_s`` for the usual
+    bounded policy, or a whole :class:`~shardstream.retry.RetryPolicy` as ``retry`` (with a
+    deadline, say); :meth:`with_retry` gives the same pool under another policy.
+    """
 
     def __init__(
         self,
@@ -56,10 +73,20 @@ class APISession:
         token: str | None = None,
         *,
         timeout: float = 30.0,
-        retries: int = 5,
-        backoff_s: float = 0.2,
+        retries: int | None = None,
+        backoff_s: float | None = None,
+        retry: RetryPolicy | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        if retry is not None and (retries is not None or backoff_s is not None):
+            raise ConfigError(
+                "APIClient: pass either retry=RetryPolicy(...) or retries=/backoff_s=, not both"
+            )
+        self.retry = retry or api_policy(
+            _RETRIES if retries is None else retries,
+            _BACKOFF_S if backoff_s is None else backoff_s,
+        )
+        """How this session retries a call (see :mod:`shardstream.retry`)."""
         base_url = base_url or os.environ.get("SHARDSTREAM_SERVER")
         if not base_url:
             raise ConfigError(
@@ -75,14 +102,20 @@ class APISession:
         self._http = httpx.Client(
             base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
         )
-        self._retries = retries
-        self._backoff_s = backoff_s
         self._etags: dict[str, tuple[str, Any]] = {}
         self._lock = threading.Lock()
 
     def close(self) -> None:
-        """Close the connection pool."""
+        """Close the connection pool (also that of every :meth:`with_retry` view of it)."""
         self._http.close()
+
+    def with_retry(self, retry: RetryPolicy) -> Self:
+        """This client under another retry policy, sharing its connection pool and ETag
+        cache: one pool per server, each caller waiting as long as its calls are worth
+        (the checkpoint committer rides out a server restart; a lookup gives up sooner)."""
+        view = copy.copy(self)
+        view.retry = retry
+        return view
 
     def request(
         self,
@@ -97,34 +130,35 @@ class APISession:
         """Send a request with retries; raise the mapped APIError for an error status."""
         clean = {k: v for k, v in (params or {}).items() if v is not None}
         last: Exception | None = None
-        retry_after = 0.0
-        started = time.monotonic()
-        for attempt in range(self._retries + 1):
-            if attempt:
-                backoff = min(5.0, self._backoff_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1)
-                time.sleep(max(backoff, retry_after))
+        warned = False
+        attempts = self.retry.start()
+        while True:
             try:
                 response = self._http.request(
                     method, path, json=json, params=clean, headers=headers
                 )
             except httpx.TransportError as exc:
-                if last is None and attempt < self._retries:
+                last, delay = exc, attempts.next_delay()
+                if delay is None:
+                    break
+                if not warned:  # the call's first unanswered attempt: say so, once
+                    warned = True
                     self._say_waiting(exc)
-                last, retry_after = exc, 0.0
+                time.sleep(delay)
                 continue
-            if response.status_code in _RETRY_STATUS and attempt < self._retries:
-                last = None
-                retry_after = _retry_after(response)
-                continue
+            if response.status_code in _RETRY_STATUS:
+                delay = attempts.next_delay(at_least=_retry_after(response))
+                if delay is not None:
+                    time.sleep(delay)
+                    continue
             if response.status_code in ok or response.status_code == 304:
                 return response
             raise _error_from(method, path, response)
         where = f"{method} {self.base_url}{path}"
         raise ServerUnavailableError(
-            f"{where}: the server did not answer after {self._retries + 1} attempts in "
-            f"{time.monotonic() - started:.1f} s"
-            + (f" ({type(last).__name__}: {last})" if last else "")
-            + f"; check that `shardstream server` runs at {self.base_url} (SHARDSTREAM_SERVER "
+            f"{where}: the server did not answer after {attempts.made} attempts in "
+            f"{attempts.elapsed_s():.1f} s ({type(last).__name__}: {last})"
+            f"; check that `shardstream server` runs at {self.base_url} (SHARDSTREAM_SERVER "
             "names it); APIClient(retries=..., backoff_s=...) sets how long a call waits",
             0,
         ) from last
@@ -132,19 +166,20 @@ class APISession:
     def _say_waiting(self, error: Exception) -> None:
         """One line, at the first failed attempt of a call, saying what the retries wait for
         (a dead server otherwise looks like a hang for the seconds they take)."""
+        policy = self.retry
+        more = (
+            f"retrying {policy.attempts - 1} more times, "
+            if policy.attempts is not None
+            else "retrying, "
+        )
         _LOG.warning(
-            "the shardstream server at %s did not answer (%s: %s); retrying %d more times, "
-            "for up to %.0f s",
+            "the shardstream server at %s did not answer (%s: %s); %sfor up to %.0f s",
             self.base_url,
             type(error).__name__,
             error,
-            self._retries,
-            self._worst_wait_s(),
+            more,
+            policy.worst_wait_s(),
         )
-
-    def _worst_wait_s(self) -> float:
-        """The longest the retries of one call sleep (each attempt's own timeout aside)."""
-        return sum(min(5.0, self._backoff_s * 2**k) for k in range(self._retries))
 
     def _get_json(self, path: str, params: Mapping[str, Any] | None = None) -> Any:
         cache_key = path + "?" + "&".join(f"{k}={v}" for k, v in sorted((params or {}).items()))

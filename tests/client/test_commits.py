@@ -8,6 +8,7 @@ holds, delays or cuts what the client sends, so the server is slow or away for r
 from __future__ import annotations
 
 import logging
+import socket
 import subprocess
 import sys
 import textwrap
@@ -16,11 +17,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 
 from shardstream.api_client import APIClient
 from shardstream.client import CacheOptions, ServerOptions, ShardstreamLoader, StreamingDataset
-from shardstream.errors import ConfigError, ConflictError
+from shardstream.client.committer import CheckpointCommitter
+from shardstream.errors import ConfigError, ConflictError, ServerUnavailableError
 from shardstream.shard_builder.publish import register_index
 from tests.client.tcp_gate import TCPGate
 from tests.client.test_dataset_support import write_tokens
@@ -145,6 +148,64 @@ def test_commit_rides_out_cut_connections(
         assert flaky.cut_first == 0
         assert steps_on_server(live_server, run_id) == [1]
         loader.close()
+
+
+def test_a_commit_is_retried_by_one_loop_until_its_deadline(
+    live_server: LiveServer, run_id: int
+) -> None:
+    """The committer hands the API client a deadline (``retry_for_s``) instead of looping
+    over the client's own bounded retries: a server refusing with 429 for longer than the
+    client's usual attempts still gets the commit (the nested loops gave up: a 429 past
+    the client's retries was final)."""
+    refusals = 7  # one more than the client's usual 6 attempts
+    seen: list[int] = []
+    server = httpx.HTTPTransport()
+
+    def busy_then_real(request: httpx.Request) -> httpx.Response:
+        seen.append(1)
+        if len(seen) <= refusals:
+            return httpx.Response(429, headers={"Retry-After": "0"}, json={"detail": "busy"})
+        answer = server.handle_request(request)
+        answer.read()
+        return answer
+
+    committer = CheckpointCommitter(
+        live_server.url,
+        live_server.token,
+        retry_for_s=600.0,
+        client=lambda: APIClient(
+            live_server.url,
+            live_server.token,
+            backoff_s=0.001,
+            transport=httpx.MockTransport(busy_then_real),
+        ),
+    )
+    committer.submit(run_id, step=1, epoch=0, sample_in_epoch=4, plan={})
+    committer.close(timeout=HANG_S)
+    assert len(seen) == refusals + 1
+    assert steps_on_server(live_server, run_id) == [1]
+
+
+def test_a_commit_gives_up_at_its_deadline_naming_the_commit_and_the_server(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Nothing listens: one warning while retrying, then one error naming the run, the step
+    and the server, raised by the next flush."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    committer = CheckpointCommitter(
+        url, "t", retry_for_s=0.5, client=lambda: APIClient(url, "t", backoff_s=0.01)
+    )
+    with caplog.at_level(logging.WARNING, logger="shardstream.api_client"):
+        committer.submit(7, step=3, epoch=0, sample_in_epoch=4, plan={})
+        with pytest.raises(
+            ServerUnavailableError, match=rf"run 7 step 3 to {url} failed: .*did not answer"
+        ):
+            committer.flush(HANG_S)
+    waiting = [r.getMessage() for r in caplog.records if r.name == "shardstream.api_client"]
+    assert len(waiting) == 1 and url in waiting[0], waiting
+    committer.close(HANG_S)
 
 
 def test_commits_are_durable_when_the_process_exits(

@@ -20,6 +20,7 @@ from shardstream.errors import (
     RequestValidationError,
     ServerUnavailableError,
 )
+from shardstream.retry import RetryPolicy
 from shardstream.wire import ShardRecord
 from tests.fixtures.server import LiveServer
 
@@ -173,3 +174,32 @@ def test_retries_503_then_succeeds(live: LiveServer) -> None:
         pytest.raises(ServerUnavailableError, match="db down"),
     ):
         api.whoami()
+
+
+def test_one_policy_with_a_deadline_retries_past_the_usual_attempts(live: LiveServer) -> None:
+    """Retries are the session's setting: ``with_retry`` gives the same pool under another
+    :class:`RetryPolicy` (here: no bound on attempts, a deadline instead), the one loop the
+    checkpoint committer relies on; the usual client gives up after its attempts."""
+    answers = iter([503] * 8 + [200])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        status = next(answers)
+        body = {"name": "x", "scope": "read", "datasets": None}
+        return httpx.Response(status, json=body if status == 200 else {"detail": "restarting"})
+
+    with APIClient(live.url, "t", backoff_s=0.001, transport=httpx.MockTransport(handler)) as api:
+        with pytest.raises(ServerUnavailableError, match="restarting"):
+            api.whoami()  # 6 attempts: 503 each time
+        patient = api.with_retry(
+            RetryPolicy(attempts=None, base_s=0.001, cap_s=0.01, within_s=600.0)
+        )
+        assert patient.whoami()["name"] == "x"  # 3 more 503s, then the answer
+        assert patient.retry.within_s == 600.0 and api.retry.attempts == 6
+    assert patient._http.is_closed  # one pool: closing the client closes the view's
+
+
+def test_retry_settings_are_given_one_way() -> None:
+    with pytest.raises(ConfigError, match="either retry=RetryPolicy"):
+        APIClient("http://127.0.0.1:9", "t", retries=2, retry=RetryPolicy(attempts=3))
+    with pytest.raises(ConfigError, match="retries must be an int >= 0, got -1"):
+        APIClient("http://127.0.0.1:9", "t", retries=-1)

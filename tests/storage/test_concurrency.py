@@ -12,16 +12,9 @@ from shardstream.errors import StorageError, TransientStorageError
 from shardstream.storage import LocalStore, S3Store, StorageOptions
 from shardstream.storage._concurrency import AdaptiveLimit
 from shardstream.storage._errors import ThrottledError, error_for_status
+from tests.fixtures.clock import ManualClock as Clock
 from tests.fixtures.faulty_proxy import Faults, FaultyProxy
 from tests.fixtures.s3 import S3Bucket
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _succeed(limit: AdaptiveLimit, clock: Clock, n: int, *, nbytes: int, seconds: float) -> None:
