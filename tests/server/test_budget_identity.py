@@ -13,7 +13,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import httpx
@@ -49,12 +49,13 @@ def _token(server: LiveServer, name: str, scope: str = "read") -> str:
         return str(made.json()["secret"])
 
 
-def _server(tmp_path: Path) -> Iterator[LiveServer]:
-    return start_server(tmp_path, token_concurrency=1, token_busy_s=1.0, token_burst_s=1000)  # type: ignore[return-value]
+def _server(tmp_path: Path) -> AbstractContextManager[LiveServer]:
+    """A server whose callers may each have one request in flight."""
+    return start_server(tmp_path, token_concurrency=1, token_busy_s=1.0, token_burst_s=1000)
 
 
 def test_every_spelling_of_a_token_shares_its_account(tmp_path: Path) -> None:
-    with _server(tmp_path) as server:  # type: ignore[attr-defined]
+    with _server(tmp_path) as server:
         secret, other = _token(server, "flood"), _token(server, "other")
         auth = f"Authorization: Bearer {secret}\r\n"
         with _held(server, "/v1/datasets", auth), httpx.Client(base_url=server.url) as client:
@@ -71,7 +72,7 @@ def test_every_spelling_of_a_token_shares_its_account(tmp_path: Path) -> None:
 def test_unauthenticated_requests_share_their_address_account(tmp_path: Path) -> None:
     """Junk cookies, unknown tokens and no credential at all: one account (the address),
     so varying them buys nothing; a real token from the same address has its own."""
-    with _server(tmp_path) as server:  # type: ignore[attr-defined]
+    with _server(tmp_path) as server:
         secret = _token(server, "reader")
         with _held(server, "/ui/login"), httpx.Client(base_url=server.url) as client:
             for i, headers in enumerate(
@@ -98,7 +99,7 @@ def _sign_in(server: LiveServer, secret: str) -> httpx.Client:
 
 
 def test_a_tokens_console_sessions_share_its_account(tmp_path: Path) -> None:
-    with _server(tmp_path) as server:  # type: ignore[attr-defined]
+    with _server(tmp_path) as server:
         secret = _token(server, "reader")
         first, second = _sign_in(server, secret), _sign_in(server, secret)
         try:
