@@ -145,9 +145,14 @@ def test_elastic_8_4_6_ranks_with_kills_is_proven_by_the_audit(
     consumed = np.concatenate(history)
     assert np.array_equal(np.sort(consumed), np.arange(NUM_SAMPLES))
 
-    # And the server proves the same from its ledger alone.
+    # And the server proves the same from its ledger alone: while the run is open, so far
+    # (exit 3); marked completed at the epoch's end, proven (exit 0).
     code, report = audit_cli(live_server, run)
-    assert code == 0 and report["ok"], report["failures"]
+    assert code == 3 and report["verdict"] == "proven_so_far", report["failures"]
+    with APIClient(live_server.url, live_server.token) as api:
+        api.set_run_status(run, "completed")
+    code, report = audit_cli(live_server, run)
+    assert code == 0 and report["verdict"] == "proven" and report["ok"], report["failures"]
     assert report["samples_per_step"] == GLOBAL_BATCH
     assert report["latest_step"] == STEPS
     starts = [(a["world_size"], a["resumed_step"]) for a in report["attempts"]]
