@@ -226,7 +226,7 @@ class ShardstreamLoader:
         wait beside its step time, batch-ready latency, storage, peer and cache figures,
         the workers' build time, and the verdict (input-bound? I/O- or CPU-bound?).
 
-        >>> loader.stats().verdict        # doctest: +SKIP
+        >>> str(loader.stats().verdict)   # doctest: +SKIP
         'not_input_bound'
         """
         if self._meter is None:

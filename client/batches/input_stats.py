@@ -53,6 +53,7 @@ from typing import Any
 from shardstream.client.batches.packed import process_pack_counts
 from shardstream.client.cache.shard_cache import process_cache_counts
 from shardstream.storage import storage_counters
+from shardstream.wire import Verdict
 from shardstream.wire._input_stats import LATENCY_BUCKETS_S, percentiles
 
 __all__ = [
@@ -80,17 +81,7 @@ MIN_BATCHES = 8
 """Batches timed (besides each pass's first) before a verdict is given."""
 
 
-class Verdict:
-    """The values of :attr:`InputStats.verdict` (plain strings: they travel as JSON)."""
-
-    UNKNOWN = "unknown"
-    NOT_INPUT_BOUND = "not_input_bound"
-    IO_BOUND = "io_bound"
-    CPU_BOUND = "cpu_bound"
-    ALL = (UNKNOWN, NOT_INPUT_BOUND, IO_BOUND, CPU_BOUND)
-
-
-def verdict(batches: int, wait_share: float, busy: float | None) -> str:
+def verdict(batches: int, wait_share: float, busy: float | None) -> Verdict:
     """The rule of the module docstring, from the figures it names."""
     if batches < MIN_BATCHES:
         return Verdict.UNKNOWN

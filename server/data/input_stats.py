@@ -23,11 +23,13 @@ from sqlalchemy.orm import Session
 from shardstream.errors import RequestValidationError
 from shardstream.server.models import RankInputStatsRow, RunRow, utcnow
 from shardstream.wire import (
+    INPUT_BOUND,
     InputFigures,
     InputStatsReport,
     RankInputStats,
     RunInputStats,
     RunInputSummary,
+    Verdict,
 )
 from shardstream.wire._fields import MAX_INT
 from shardstream.wire._input_stats import (
@@ -41,8 +43,6 @@ from shardstream.wire._input_stats import (
 )
 
 from . import runs as runs_data
-
-INPUT_BOUND = ("io_bound", "cpu_bound")
 
 # Fields a window adds to the totals (the rest describe the latest window only).
 _SUMMED = (*COUNTS, *SECONDS)
@@ -126,10 +126,10 @@ def verdict_of(counts: Mapping[str, int]) -> str:
     """A run's verdict from the number of ranks per verdict: input-bound if any rank is
     (the more common cause among those ranks, ``io_bound`` on a tie), else not input-bound
     once any rank knows, else unknown."""
-    io, cpu = counts.get("io_bound", 0), counts.get("cpu_bound", 0)
+    io, cpu = counts.get(Verdict.IO_BOUND, 0), counts.get(Verdict.CPU_BOUND, 0)
     if io or cpu:
-        return "io_bound" if io >= cpu else "cpu_bound"
-    return "not_input_bound" if counts.get("not_input_bound", 0) else "unknown"
+        return Verdict.IO_BOUND if io >= cpu else Verdict.CPU_BOUND
+    return Verdict.NOT_INPUT_BOUND if counts.get(Verdict.NOT_INPUT_BOUND, 0) else Verdict.UNKNOWN
 
 
 def summaries(session: Session, run_ids: Sequence[int]) -> dict[int, RunInputSummary]:

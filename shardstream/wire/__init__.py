@@ -36,11 +36,13 @@ from ._datasets import (
 )
 from ._fields import MAX_INT, NAME_PATTERN, check_name, check_shard_key
 from ._input_stats import (
+    INPUT_BOUND,
     InputFigures,
     InputStatsReport,
     RankInputStats,
     RunInputStats,
     RunInputSummary,
+    Verdict,
 )
 from ._json import FieldLimits, check_json_document, field_limits, set_field_limits
 from ._mixture import (
@@ -78,6 +80,7 @@ from ._runs import (
 from ._tokens import Scope, TokenCreate, TokenPublic
 
 __all__ = [
+    "INPUT_BOUND",
     "MAX_ATTEMPT_CHANGES",
     "MAX_ATTEMPT_CHANGES_BYTES",
     "MAX_EPOCHS",
@@ -125,6 +128,7 @@ __all__ = [
     "SourceMixture",
     "TokenCreate",
     "TokenPublic",
+    "Verdict",
     "VersionCreate",
     "VersionPublic",
     "VersionStatus",

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Annotated, Literal
+from enum import StrEnum
+from typing import Annotated
 
 from pydantic import Field, field_validator
 
@@ -56,7 +57,25 @@ MAX_WINDOW_COUNT = 2**53
 """The most one commit's window may report for a count (exact as a JSON number)."""
 
 Seconds = Annotated[float, Field(ge=0, le=MAX_TOTAL_S, allow_inf_nan=False)]
-VerdictName = Literal["unknown", "not_input_bound", "io_bound", "cpu_bound"]
+
+
+class Verdict(StrEnum):
+    """Whether a rank's training waits for its input, and on what: the one home of these
+    names (the client gives them, the server counts them, the CLI and console show them).
+    Plain strings on the wire and in the database (a :class:`~enum.StrEnum`: equal to, and
+    formatted as, its value)."""
+
+    UNKNOWN = "unknown"
+    """Too few batches timed to say."""
+    NOT_INPUT_BOUND = "not_input_bound"
+    IO_BOUND = "io_bound"
+    """Input-bound, the building threads mostly waiting on storage or the network."""
+    CPU_BOUND = "cpu_bound"
+    """Input-bound, the building threads mostly busy on a CPU (decoding, transforms)."""
+
+
+INPUT_BOUND: tuple[Verdict, ...] = (Verdict.IO_BOUND, Verdict.CPU_BOUND)
+"""The verdicts of a rank whose training waits for data."""
 
 COUNTS = (
     "batches",
@@ -109,7 +128,7 @@ class InputFigures(PublicModel):
     build_cpu_s: Seconds = 0.0
     ring_occupancy: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
     workers: Annotated[int, Field(ge=0, le=4096)] = 0
-    verdict: VerdictName = "unknown"
+    verdict: Verdict = Verdict.UNKNOWN
 
 
 class InputStatsReport(InputFigures):
