@@ -121,7 +121,7 @@ def make_checkpoint(data: str, root: Path, step: int) -> Path:
     saved = json.loads((folder / "shardstream_data.json").read_text())
     dataset = StreamingDataset(data, BATCH, plan=PlanOptions(seed=1))
     saved["step"] = step
-    saved["loader"] = dataset.stream.reader_state(0, step).to_dict()
+    saved["loader"] = dataset.resume.state(0, step).to_dict()
     (folder / "shardstream_data.json").write_text(json.dumps(saved))
     return folder
 

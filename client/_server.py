@@ -160,7 +160,7 @@ def load_checkpoint_at(dataset: StreamingDataset, resume: str | int) -> tuple[in
                 f"run {run} step {checkpoint.step}: sample_in_epoch="
                 f"{checkpoint.sample_in_epoch} is not a whole number of global batches"
             )
-        state = stream.reader_state(checkpoint.epoch, batch).to_dict()
+        state = dataset.resume.state(checkpoint.epoch, batch).to_dict()
     return checkpoint.step, state
 
 
@@ -217,7 +217,7 @@ def register_attempt(
     server = dataset.server or ServerOptions()
     run = _run_of(server)
     stream = dataset.stream
-    state = stream.reader_state(0, 0)
+    state = dataset.resume.state(0, 0)
     point = None
     if resumed is not None:
         step, epoch, batch = resumed
@@ -231,7 +231,7 @@ def register_attempt(
         resume=point,
         algorithm=state.algorithm,
         fingerprint=state.fingerprint,
-        changes=[dict(c) for c in stream.changes],
+        changes=[dict(c) for c in dataset.resume.changes],
         versions=list(stream.versions),
         global_batch_size=stream.config.global_batch_size,
     )

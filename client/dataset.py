@@ -40,9 +40,10 @@ from shardstream.client.options import (
     Source,
     read_options,
 )
+from shardstream.client.resume import ReaderResume
 from shardstream.client.sources.source import ResolvedSource, resolve_source
 from shardstream.client.state import ReaderState
-from shardstream.errors import ConfigError, ResumeError
+from shardstream.errors import ConfigError
 
 __all__ = ["StreamingDataset"]
 
@@ -143,10 +144,12 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             sample_transform=sample_transform,
             pack=pack,
         )
+        self.resume = ReaderResume(self.stream)
+        """This reader's resume: the states it makes and loads, the epoch rollover."""
         self._epoch = 0
         self._next = 0  # next batch this process yields (its own, when a worker)
         self._slot: tuple[int, int] | None = None
-        self._resume: ReaderState | None = None
+        self._loaded: ReaderState | None = None  # a loaded state, until the next pass
         self._size_checked = False
         self._meter: InputMeter | None = None  # made by the first in-process iteration
 
@@ -161,10 +164,10 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         """Read ``epoch`` on the next pass. Keeps a loaded resume position of that epoch."""
         if epoch < 0:
             raise ConfigError(f"epoch must be >= 0, got {epoch}")
-        if self._resume is not None and self._resume.epoch == epoch:
+        if self._loaded is not None and self._loaded.epoch == epoch:
             return
         if epoch != self._epoch:
-            self._resume = None
+            self._loaded = None
             self._epoch, self._next, self._slot = epoch, 0, None
 
     @property
@@ -194,9 +197,8 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         w, n = worker.worker_id, worker.num_workers
         if w == 0:
             self.check_cache_size(n)
-        epoch, start = self._start_position(w, n)
-        if start >= self.stream.num_batches(epoch):
-            epoch, start = epoch + 1, w  # resumed exactly at the end of an epoch
+        loaded, self._loaded = self._loaded, None
+        epoch, start = self.resume.start(loaded, self._epoch, w, n)
         self._epoch, self._slot = epoch, (w, n) if n > 1 else None
         self._next = start
         try:
@@ -235,20 +237,6 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         state["_meter"] = None  # this process's clocks and counters stay here
         return state
 
-    def _start_position(self, w: int, n: int) -> tuple[int, int]:
-        resume, self._resume = self._resume, None
-        if resume is None:
-            return self._epoch, w
-        if resume.worker is not None:
-            if resume.worker != (w, n):
-                raise ResumeError(
-                    f"this state is DataLoader worker {resume.worker[0]} of {resume.worker[1]}'s "
-                    f"own position, but it was loaded into worker {w} of {n}; resume with the "
-                    "same num_workers, or from a loader-level state"
-                )
-            return resume.epoch, resume.batch
-        return resume.epoch, resume.batch + w
-
     # -- torchdata Stateful protocol -----------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
@@ -258,12 +246,11 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         batches consumed; in a DataLoader worker it is that worker's own next batch, which
         is what ``StatefulDataLoader`` stores per worker.
         """
-        if self._resume is not None:
-            return self._resume.to_dict()
-        epoch, batch = self._epoch, self._next
-        if batch >= self.stream.num_batches(epoch):  # the pass is complete: next epoch
-            epoch, batch = epoch + 1, 0 if self._slot is None else self._slot[0]
-        return self.stream.reader_state(epoch, batch, self._slot).to_dict()
+        if self._loaded is not None:
+            return self._loaded.to_dict()
+        first = 0 if self._slot is None else self._slot[0]  # the pass is complete: next epoch
+        epoch, batch = self.resume.past_end(self._epoch, self._next, first)
+        return self.resume.state(epoch, batch, self._slot).to_dict()
 
     def load_state_dict(
         self, state_dict: Mapping[str, Any], *, allow_changes: Iterable[str] = ()
@@ -280,10 +267,6 @@ class StreamingDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         in ``allow_changes`` (e.g. ``["seed"]``); accepted changes are recorded in every
         later state (``changes``).
         """
-        if "_snapshot" in state_dict:  # torchdata's loader state
-            state = ReaderState.from_stateful_loader(state_dict)
-        else:
-            state = ReaderState.from_dict(state_dict)
-        state = self.stream.accept(state, allow_changes)
-        self._resume = state
+        state = self.resume.load(state_dict, allow_changes, stateful_loader=True)
+        self._loaded = state
         self._epoch = state.epoch

@@ -35,7 +35,6 @@ from shardstream.client.batches.image_stage import ImageStage, StageRun
 from shardstream.client.batches.input_stats import InputMeter, InputStats, ProcessCounters
 from shardstream.client.batches.stream import MAX_CHUNK
 from shardstream.client.dataset import FINISH_FILLS_S, StreamingDataset
-from shardstream.client.state import ReaderState
 from shardstream.client.workers.ring import BatchRing, SlotLoans, view_in
 from shardstream.client.workers.worker import worker_main
 from shardstream.errors import ConfigError, ShardstreamError
@@ -148,19 +147,14 @@ class ShardstreamLoader:
         """Read ``epoch`` next; a no-op if already positioned in it (e.g. after a resume)."""
         if epoch < 0:
             raise ConfigError(f"epoch must be >= 0, got {epoch}")
-        self._epoch, self._consumed = self._normalized()
+        self._epoch, self._consumed = self.dataset.resume.past_end(self._epoch, self._consumed)
         if epoch != self._epoch:
             self._epoch, self._consumed = epoch, 0
 
-    def _normalized(self) -> tuple[int, int]:
-        if self._consumed >= self.dataset.stream.num_batches(self._epoch):
-            return self._epoch + 1, 0
-        return self._epoch, self._consumed
-
     def state_dict(self) -> dict[str, Any]:
         """``(epoch, batches consumed)`` + plan parameters + version ids, as a plain dict."""
-        epoch, batch = self._normalized()
-        return self.dataset.stream.reader_state(epoch, batch).to_dict()
+        resume = self.dataset.resume
+        return resume.state(*resume.past_end(self._epoch, self._consumed)).to_dict()
 
     def load_state_dict(
         self,
@@ -177,8 +171,7 @@ class ShardstreamLoader:
         first batch the server checks that the run's checkpoint at that step is at this
         state's position (without ``step``, that some checkpoint is), and records this
         start in the run's ledger (see docs/training.md)."""
-        state = ReaderState.from_dict(state_dict)
-        state = self.dataset.stream.accept(state, allow_changes)
+        state = self.dataset.resume.load(state_dict, allow_changes)
         if state.worker is not None:
             raise ConfigError(
                 "this is one DataLoader worker's state; give the loader's own state_dict()"
@@ -244,7 +237,7 @@ class ShardstreamLoader:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         self._register()  # a refused resume fails here, before the first batch
         self._stop_stage()
-        self._epoch, self._consumed = self._normalized()
+        self._epoch, self._consumed = self.dataset.resume.past_end(self._epoch, self._consumed)
         epoch, start = self._epoch, self._consumed
         if self.num_workers == 0:
             built = self._inline(epoch, start)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -31,15 +31,13 @@ from shardstream.client.reads.io import BlockStats
 from shardstream.client.reads.memory_need import window_need_bytes
 from shardstream.client.reads.reads import ReadPass, ShardReads
 from shardstream.client.sources.source import ResolvedSource
-from shardstream.client.state import ReaderState
-from shardstream.errors import ConfigError, PlanError, ResumeError
+from shardstream.errors import ConfigError, PlanError
 from shardstream.plan import (
     PLAN_ALGORITHM,
     AnyPlan,
     MixtureSchedule,
     PlanConfig,
     SourceSpec,
-    adopt_saved,
     check_schedule,
     default_shape,
     make_plan,
@@ -126,8 +124,6 @@ class BatchStream:
         self._shard_samples = [info.samples for src in self.sources for info in src.shards]
         self._plan: AnyPlan | None = None
         self._fingerprint: tuple[PlanConfig, str] | None = None
-        self.changes: tuple[Mapping[str, Any], ...] = ()
-        """Order changes a resume accepted (``allow_changes``), carried by every state."""
         # Images stay bytes for a per-sample transform: it decodes them as (C, H, W).
         self._builder = BatchBuilder(
             spec, decode_images=spec.options.decode_images and self.samples is None
@@ -164,25 +160,15 @@ class BatchStream:
         except PlanError as exc:
             raise ConfigError(f"PlanOptions.schedule: {exc}") from exc
 
-    def accept(self, state: ReaderState, allow_changes: Iterable[str] = ()) -> ReaderState:
-        """Check that ``state`` can resume this stream; adopt its partition count and window
-        unless the user fixed them. :class:`ResumeError` names every difference that
-        ``allow_changes`` does not accept; the state returned records the accepted ones,
-        and so does every state this stream makes from now on (:meth:`reader_state`)."""
-        try:
-            config = adopt_saved(self.config, state.plan, asdict(self.options))
-            config.check_world_size(self.topology.world_size)
-        except PlanError as exc:
-            raise ResumeError(f"cannot resume with this world size: {exc}") from exc
+    def adopt(self, config: PlanConfig, pack: Mapping[str, Any] | None) -> None:
+        """Plan with ``config`` and the packing group ``pack`` from now on (what a resume
+        state decides: :meth:`~shardstream.client.resume.ReaderResume.accept`)."""
         if config != self.config:
             self.config, self._plan = config, None
         if self.packer is not None:
-            self.packer.adopt(state.plan.get("pack"))
+            self.packer.adopt(pack)
             # The saved group may change a step's tokens: plan with the run's schedule.
             self.schedule, self._plan, self._fingerprint = self._schedule(), None, None
-        accepted = state.check_compatible(self.reader_state(0, 0), allow_changes)
-        self.changes = accepted.changes
-        return accepted
 
     def fingerprint(self) -> str:
         """:attr:`EpochPlan.fingerprint` of this stream's plans (the same for every epoch)."""
@@ -190,22 +176,6 @@ class BatchStream:
             digest = plan_fingerprint(PLAN_ALGORITHM, self.config, self._specs, self.schedule)
             self._fingerprint = (self.config, digest)
         return self._fingerprint[1]
-
-    def reader_state(
-        self, epoch: int, batch: int, worker: tuple[int, int] | None = None
-    ) -> ReaderState:
-        """The resume state at ``(epoch, batch)`` of this stream (see :class:`ReaderState`)."""
-        return ReaderState(
-            epoch,
-            batch,
-            self.plan_params(),
-            self.versions,
-            self.weights,
-            worker,
-            algorithm=PLAN_ALGORITHM,
-            fingerprint=self.fingerprint(),
-            changes=self.changes,
-        )
 
     @property
     def versions(self) -> tuple[str, ...]:

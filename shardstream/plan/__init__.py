@@ -15,7 +15,7 @@ See ``docs/plan.md`` for the algorithm and why each property holds.
 """
 
 from shardstream.plan._config import PlanConfig, SourceSpec, Tail
-from shardstream.plan._defaults import adopt_saved, default_shape
+from shardstream.plan._defaults import default_shape
 from shardstream.plan._epoch import PLAN_ALGORITHM, EpochPlan
 from shardstream.plan._fingerprint import plan_fingerprint
 from shardstream.plan._mixture import source_totals
@@ -41,7 +41,6 @@ __all__ = [
     "ScheduledPlan",
     "SourceSpec",
     "Tail",
-    "adopt_saved",
     "check_schedule",
     "default_shape",
     "make_plan",

@@ -1,8 +1,9 @@
 """Default plan shape of a fresh run: how many canonical partitions, how wide a window.
 
 The defaults are chosen once, by the first run, and saved in every resume state; a resumed
-reader that leaves them unset adopts the saved values (:func:`adopt_saved`), so the global
-order never depends on the world size a run is resumed on. The plan reads on any world
+reader that leaves them unset adopts the saved values (the client's resume does:
+``shardstream.client.resume``), so the global order never depends on the world size a run
+is resumed on. The plan reads on any world
 size that divides the global batch (see :meth:`PlanConfig.check_world_size`); these
 defaults only decide how *local* and how *mixed* that is:
 
@@ -23,19 +24,14 @@ defaults only decide how *local* and how *mixed* that is:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
-from typing import Any
+from collections.abc import Sequence
 
-from shardstream.plan._config import PlanConfig, SourceSpec
+from shardstream.plan._config import SourceSpec
 
-__all__ = ["PARTITIONS_PER_RANK", "adopt_saved", "default_shape", "rank_window_shards"]
+__all__ = ["PARTITIONS_PER_RANK", "default_shape", "rank_window_shards"]
 
 PARTITIONS_PER_RANK = 4
 """Most canonical partitions a rank reads by default (``d``), unless it read more before."""
-
-ADOPTED = ("num_partitions", "window")
-"""Plan parameters a resumed reader takes from the state when its options leave them unset."""
 
 
 def earlier_partitions_per_rank(global_batch_size: int, world_size: int) -> int:
@@ -71,19 +67,3 @@ def default_shape(
     mean_shard = -(-sum(s.num_samples for s in sources) // max(1, shards))
     window = max(1, rank_window_shards(global_batch_size, world_size) * mean_shard // d)
     return world_size * d, window
-
-
-def adopt_saved(
-    config: PlanConfig, saved: Mapping[str, Any], fixed: Mapping[str, Any]
-) -> PlanConfig:
-    """``config`` with the saved ``num_partitions`` and ``window`` of a resume state, for
-    each of them the user did not fix (``fixed[name] is None``).
-
-    States written before the window had a default of its own hold ``window: None`` (the
-    plan's own default); adopting that resumes them on their original order.
-    """
-    changes: dict[str, Any] = {}
-    for name in ADOPTED:
-        if fixed.get(name) is None and name in saved and saved[name] != getattr(config, name):
-            changes[name] = saved[name]
-    return replace(config, **changes) if changes else config

@@ -27,8 +27,9 @@ from shardstream.api_client import APIClient
 from shardstream.client.dataset import StreamingDataset
 from shardstream.client.distributed import Topology
 from shardstream.client.options import CacheOptions, DecodeOptions
+from shardstream.client.resume import adopt_saved
 from shardstream.mds import MDSIndex
-from shardstream.plan import EpochPlan, PlanConfig, SourceSpec, adopt_saved, default_shape
+from shardstream.plan import EpochPlan, PlanConfig, SourceSpec, default_shape
 from shardstream.shard_builder.publish import register_index
 from tests.fixtures.server import LiveServer
 from tests.harness.compare import check_elastic_resume

@@ -4,12 +4,13 @@ The client is read from the top (the torch front ends) down to the node cache::
 
     integrations/                                the trainers' glue (HF Trainer, accelerate...)
     dataset, loader, cli, _server, committer     front ends and the calls to the server
+    resume, state                                the one resume state and position rules
     workers/                                     the fast loader's processes and ring
     batches/                                     plan positions -> tensors in one process
     reads/                                       shard bytes into this process (calls storage)
     sources/                                     a source pinned to a version, its index
     cache/                                       the node-local disk cache
-    options, state, distributed                  plain settings and state, used by every layer
+    options, distributed                         plain settings, used by every layer
     plan/                                        re-exports shardstream.plan (the core's pure plan)
 
 A module may import its own layer and any layer below it. The test walks every import
@@ -34,12 +35,13 @@ PREFIX = "shardstream.client"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("integrations", ("integrations",)),  # the trainers' glue, over the front ends
     ("front ends", ("__init__", "dataset", "loader", "cli", "_server", "committer")),
+    ("resume", ("resume", "state")),  # the one resume state; the stream below never sees one
     ("workers", ("workers",)),
     ("batches", ("batches",)),
     ("reads", ("reads",)),
     ("sources", ("sources",)),
     ("cache", ("cache",)),
-    ("settings", ("options", "state", "distributed")),
+    ("settings", ("options", "distributed")),
     ("plan", ("plan",)),
 ]
 
@@ -162,6 +164,7 @@ def test_the_walk_sees_every_spelling_of_an_import(
 
 
 def test_an_upward_import_is_named() -> None:
+    assert layer_of("batches.stream") > layer_of("resume") == layer_of("state")
     assert layer_of("reads.io") > layer_of("batches.stream")
     assert layer_of("cache.keys") > layer_of("reads.io")
     assert layer_of("plan") == len(LAYERS) - 1

@@ -14,6 +14,7 @@ import pytest
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import shardstream.client.batches.stream as stream_module
+import shardstream.client.resume as resume_module
 from shardstream.client import CacheOptions, PlanOptions, StreamingDataset
 from shardstream.client.state import STATE_FORMAT, ReaderState
 from shardstream.errors import ResumeError
@@ -67,7 +68,8 @@ def test_a_state_from_another_order_algorithm_is_refused(
 ) -> None:
     # Today's client writes the state; a client whose algorithm was bumped must refuse it.
     state = consumed_state(make(data, tmp_path), 3)
-    monkeypatch.setattr(stream_module, "PLAN_ALGORITHM", PLAN_ALGORITHM + 1)
+    for module in (stream_module, resume_module):  # the fingerprint's and the state's
+        monkeypatch.setattr(module, "PLAN_ALGORITHM", PLAN_ALGORITHM + 1)
     newer = make(data, tmp_path)
     with pytest.raises(ResumeError, match=rf"algorithm: saved {PLAN_ALGORITHM}, now") as info:
         newer.load_state_dict(state)
@@ -92,7 +94,7 @@ def test_other_data_under_the_same_parameters_is_refused(
     # rewritten under the reader): only the fingerprint can tell.
     state = consumed_state(make(data, tmp_path), 2)
     moved = make(other_data, tmp_path / "o")
-    ours = moved.stream.reader_state(0, 0)
+    ours = moved.resume.state(0, 0)
     state["versions"] = list(ours.versions)
     state["plan"] = dict(ours.plan)
     with pytest.raises(ResumeError, match="fingerprint: saved"):
@@ -139,7 +141,7 @@ def test_a_format_1_state_still_resumes(data: Path, tmp_path: Path) -> None:
     # What clients before the algorithm field wrote: read as algorithm 1, no fingerprint.
     ds = make(data, tmp_path)
     reference = [ids_of(b) for b in make(data, tmp_path)]
-    state = ds.stream.reader_state(0, 3).to_dict()
+    state = ds.resume.state(0, 3).to_dict()
     legacy = {k: v for k, v in state.items() if k not in ("algorithm", "fingerprint")}
     legacy["format"] = 1
     ds.load_state_dict(legacy)
