@@ -22,6 +22,8 @@ from shardstream.server.api.deps import authenticate
 from shardstream.server.api.routes import datasets, health, runs, shards, tokens, versions
 from shardstream.server.auth import TokenCache
 from shardstream.server.budget import TokenAccounts, TokenBudget, TokenBudgetGuard
+from shardstream.server.cache.published import PublishedCache
+from shardstream.server.cache.singleflight import SingleFlight
 from shardstream.server.config import Settings, get_settings
 from shardstream.server.console import pages as console
 from shardstream.server.console.headers import ConsoleHeaders
@@ -41,9 +43,7 @@ from shardstream.server.limits import BodyLimits, RequestGuard
 from shardstream.server.logs import configure_logging
 from shardstream.server.metrics import RUN_METRICS_LIMIT, MetricsMiddleware, ServerMetrics
 from shardstream.server.priority import WritePriority
-from shardstream.server.published import PublishedCache
-from shardstream.server.singleflight import SingleFlight
-from shardstream.server.stores import StoreCache
+from shardstream.server.storage.stores import StoreCache
 from shardstream.wire import FieldLimits, set_field_limits
 
 log = logging.getLogger("shardstream.server")

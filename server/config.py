@@ -18,7 +18,7 @@ from shardstream.errors import ConfigError
 from shardstream.server.logs import LogFormat
 
 if TYPE_CHECKING:
-    from shardstream.server.locations import Location
+    from shardstream.server.storage.locations import Location
 
 DEFAULT_PORT = 8470
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -175,7 +175,7 @@ class Settings(BaseSettings):
         """Canonical root URLs (relative directories made absolute), or a ValueError."""
         if not value:
             return value
-        from shardstream.server.locations import LocationError, parse_roots
+        from shardstream.server.storage.locations import LocationError, parse_roots
 
         items = [item.strip() for item in value.split(",") if item.strip()]
         items = [
@@ -190,7 +190,7 @@ class Settings(BaseSettings):
     @property
     def resolved_storage_roots(self) -> tuple[Location, ...]:
         """Every configured storage root, the default root (new datasets) first."""
-        from shardstream.server.locations import parse_location, parse_roots
+        from shardstream.server.storage.locations import parse_location, parse_roots
 
         extra = parse_roots(self.storage_roots or "")
         if self.storage_root:

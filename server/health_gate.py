@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from sqlalchemy.engine import Engine
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from shardstream.server.cache.singleflight import SingleFlight
 from shardstream.server.db import describe_failure
 from shardstream.server.migrate import schema_problem
-from shardstream.server.singleflight import SingleFlight
 from shardstream.wire import Health
 
 READY_DEADLINE_S = 2.0

@@ -81,7 +81,7 @@ class DatasetRow(Base):
     owner: Mapped[str] = mapped_column(String(256), default="")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     # Where the dataset's bytes live (a URL under a configured storage root), chosen by
-    # the server at the first draft; None until then (see server/locations.py).
+    # the server at the first draft; None until then (see server/storage/locations.py).
     location: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 

@@ -22,12 +22,12 @@ from shardstream.server.auth import (
     matches_admin_secret,
     principal_for,
 )
+from shardstream.server.cache.singleflight import SingleFlight
 from shardstream.server.config import Settings
 from shardstream.server.console import session_store as console_sessions
 from shardstream.server.console.session import is_console_path
 from shardstream.server.data import tokens as tokens_data
 from shardstream.server.models import TokenRow, utcnow
-from shardstream.server.singleflight import SingleFlight
 from shardstream.wire import NAME_PATTERN, ErrorResponse, Scope
 
 

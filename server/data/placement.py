@@ -16,7 +16,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shardstream.errors import ConflictError, PermissionDeniedError, RequestValidationError
-from shardstream.server.locations import (
+from shardstream.server.models import DatasetRow, VersionRow
+from shardstream.server.storage.locations import (
     Location,
     LocationError,
     dataset_location,
@@ -24,7 +25,6 @@ from shardstream.server.locations import (
     parse_location,
     version_location,
 )
-from shardstream.server.models import DatasetRow, VersionRow
 
 
 def dataset_home(dataset: DatasetRow, roots: tuple[Location, ...]) -> Location:

@@ -10,14 +10,14 @@ from sqlalchemy import delete, func, insert, select
 from sqlalchemy.orm import Session
 
 from shardstream.errors import ConflictError, NotFoundError, RequestValidationError
-from shardstream.server.locations import (
+from shardstream.server.cache.published import VersionSnapshot
+from shardstream.server.models import DatasetRow, ShardRow, VersionRow, utcnow
+from shardstream.server.storage.locations import (
     Location,
     LocationError,
     check_shard_key,
     parse_location,
 )
-from shardstream.server.models import DatasetRow, ShardRow, VersionRow, utcnow
-from shardstream.server.published import VersionSnapshot
 from shardstream.wire import (
     MAX_INT,
     Page,

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from sqlalchemy.orm import Session, sessionmaker
 
 from shardstream.errors import ConflictError
+from shardstream.server.cache.published import VersionSnapshot
 from shardstream.server.data import shards as shards_data
-from shardstream.server.published import VersionSnapshot
 
 INDEX_CHUNK = 1000
 """Shards per database read of a streamed index.json: a reader that stops reading keeps

@@ -13,10 +13,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from shardstream.server.cache.published import PublishedCache
 from shardstream.server.config import Settings
 from shardstream.server.metrics import ServerMetrics
-from shardstream.server.published import PublishedCache
-from shardstream.server.stores import StoreCache
+from shardstream.server.storage.stores import StoreCache
 
 
 @dataclass(frozen=True)

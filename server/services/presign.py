@@ -4,7 +4,7 @@ nodes need no bucket credentials.
 The server decides what is signed: only keys the version lists, under the version's own
 storage root, which must lie within a configured root (docs/server.md, trust boundary).
 URLs are reused from the process's cache while at least half of the asked lifetime is
-left (:class:`~shardstream.server.published.PublishedCache`).
+left (:class:`~shardstream.server.cache.published.PublishedCache`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import time
 from datetime import UTC, datetime
 
 from shardstream.server.auth import Principal
+from shardstream.server.cache.published import VersionSnapshot
 from shardstream.server.data import shards as shards_data
-from shardstream.server.published import VersionSnapshot
-from shardstream.server.stores import confined_root, presign
+from shardstream.server.storage.stores import confined_root, presign
 from shardstream.wire import PresignResponse
 
 from .parts import ServerParts

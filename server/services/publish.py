@@ -16,7 +16,7 @@ from shardstream.server.auth import Principal
 from shardstream.server.data import datasets as datasets_data
 from shardstream.server.data import shards as shards_data
 from shardstream.server.data import versions as versions_data
-from shardstream.server.stores import confined_root, verify_within
+from shardstream.server.storage.stores import confined_root, verify_within
 from shardstream.wire import VersionPublic
 
 from .parts import ServerParts

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from shardstream.errors import ConflictError
+from shardstream.server.cache.published import VersionSnapshot
 from shardstream.server.data import versions as versions_data
-from shardstream.server.published import VersionSnapshot
 
 from .parts import ServerParts
 

@@ -181,7 +181,7 @@ def test_codec_writes_a_shard_under_a_sub_folder(tmp_path: Path) -> None:
 
 
 def test_server_accepts_spread_keys_and_still_refuses_traversal() -> None:
-    from shardstream.server.locations import check_shard_key
+    from shardstream.server.storage.locations import check_shard_key
 
     assert check_shard_key("ab12/shard.00001.mds") is None
     assert check_shard_key("ab12/shard.00001.mds.zstd") is None

@@ -6,7 +6,7 @@ import hypothesis
 import hypothesis.strategies as st
 import pytest
 
-from shardstream.server.locations import (
+from shardstream.server.storage.locations import (
     LocationError,
     check_shard_key,
     parse_location,

@@ -1,4 +1,4 @@
-"""Published versions served from memory (``server/published.py``).
+"""Published versions served from memory (``server/cache/published.py``).
 
 Real apps on both databases: queries are counted with a SQLAlchemy cursor event on the
 app's engine, concurrency comes from ``asyncio.gather`` over the ASGI app, and a second
@@ -30,9 +30,9 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 from shardstream.server.app import create_app
+from shardstream.server.cache.published import ByteCache
+from shardstream.server.cache.singleflight import SingleFlight
 from shardstream.server.config import Settings
-from shardstream.server.published import ByteCache
-from shardstream.server.singleflight import SingleFlight
 from tests.fixtures.s3 import S3Bucket
 from tests.server.conftest import ADMIN, make_published, shard
 

@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 
 from shardstream.server.api.caching import accepts_gzip, not_modified, set_cache_headers
 from shardstream.server.api.deps import ERRORS, Cursor, DatasetName, Reader, VersionNumber
-from shardstream.server.published import gzip_etag
+from shardstream.server.cache.published import gzip_etag
 from shardstream.server.services import index
 from shardstream.server.services.parts import ServerParts
 from shardstream.server.services.presign import presign_urls as presign

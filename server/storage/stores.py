@@ -26,7 +26,12 @@ from shardstream.errors import (
     ServerUnavailableError,
     StorageError,
 )
-from shardstream.server.locations import Location, LocationError, inside_roots, parse_location
+from shardstream.server.storage.locations import (
+    Location,
+    LocationError,
+    inside_roots,
+    parse_location,
+)
 
 if TYPE_CHECKING:
     from shardstream.storage import ObjectStore

@@ -31,7 +31,7 @@ from typing import Generic, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
-from shardstream.server.singleflight import SingleFlight
+from shardstream.server.cache.singleflight import SingleFlight
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
