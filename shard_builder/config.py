@@ -14,8 +14,7 @@ from typing import Any, Literal
 
 from shardstream.errors import ConfigError
 from shardstream.hashing import SUPPORTED_HASHES
-from shardstream.mds import DEFAULT_BLOCK_SIZE, DEFAULT_PIECE_SIZE, ShardFormat
-from shardstream.mds._pieces import check_piece_size
+from shardstream.mds import DEFAULT_BLOCK_SIZE, DEFAULT_PIECE_SIZE, ShardFormat, check_piece_size
 
 MB = 1 << 20
 MASK_COLUMN = "loss_mask"

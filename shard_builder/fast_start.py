@@ -9,7 +9,7 @@ one map MosaicML's reader leaves open; the shard files are never rewritten):
 * ``xxh3_64`` of the whole file, where the index records no hash the client computes;
 * the block digests (``blocks:xxh3_64:<block size>``), so blocks are checked on arrival;
 * the header digest (``header:xxh3_64:<length>``), so a shard opens with its header alone;
-* the piece table (``piecetable:xxh3_64:<piece size>``, ``shardstream.mds._pieces``), so a
+* the piece table (``piecetable:xxh3_64:<piece size>``, ``shardstream.mds.index_table_entry``), so a
   first batch reads its samples' pieces: in the index, because the header cannot hold it.
 
 A hash the index already records is checked against the bytes read: digests of a shard
@@ -49,8 +49,12 @@ def with_fast_start(
     """``index`` with the fast-start digests of every uncompressed shard that lacks them
     (each read once from ``store``, ``threads`` shards at a time). ``block_size`` (default
     4 MiB, as the builder's) and the smallest ``piece_size`` (default 64 KiB) are bytes."""
-    from shardstream.mds._blocks import DEFAULT_BLOCK_SIZE, check_block_size
-    from shardstream.mds._pieces import DEFAULT_PIECE_SIZE, check_piece_size
+    from shardstream.mds import (
+        DEFAULT_BLOCK_SIZE,
+        DEFAULT_PIECE_SIZE,
+        check_block_size,
+        check_piece_size,
+    )
 
     block = check_block_size(block_size) or DEFAULT_BLOCK_SIZE
     piece = check_piece_size(piece_size) or DEFAULT_PIECE_SIZE
@@ -79,14 +83,16 @@ def shard_digests(
     """``shard``'s ``raw_data.hashes`` with the fast-start digests added, from one
     sequential read of the stored file; :class:`CorruptShardError` if the bytes differ
     from a hash the index records."""
-    from shardstream.mds._blocks import (
+    from shardstream.mds import (
         BLOCK_DIGEST_ALGO,
+        PIECE_ALGO,
         BlockHasher,
         HeaderHasher,
         digests_key,
+        index_piece_size,
+        index_table_entry,
         is_digests_key,
     )
-    from shardstream.mds._pieces import PIECE_ALGO, index_piece_size, index_table_entry
 
     raw = shard.raw_data
     name, size = raw.basename, raw.bytes

@@ -30,8 +30,7 @@ from typing import Any
 from shardstream.errors import ConfigError, ObjectNotFoundError, ShardstreamError
 from shardstream.mds import ShardInfo
 from shardstream.shard_builder.sink import ShardSink
-from shardstream.storage import ObjectStore
-from shardstream.storage._keys import spread_key
+from shardstream.storage import ObjectStore, spread_key
 
 log = logging.getLogger(__name__)
 

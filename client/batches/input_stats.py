@@ -53,8 +53,7 @@ from typing import Any
 from shardstream.client.batches.packed import process_pack_counts
 from shardstream.client.cache.shard_cache import process_cache_counts
 from shardstream.storage import storage_counters
-from shardstream.wire import Verdict
-from shardstream.wire._input_stats import LATENCY_BUCKETS_S, percentiles
+from shardstream.wire import LATENCY_BUCKETS_S, Verdict, percentiles
 
 __all__ = [
     "CPU_BOUND_BUSY",

@@ -286,10 +286,10 @@ class PartialShard:
         """The whole shard's (verified) bytes, compressed as ``compression``: written,
         every block present."""
         if compression is not None:
-            from shardstream.mds._compression import _copy_decompressed, compression_extension
+            from shardstream.mds import decompress_stream
 
             with open(self.path, "r+b") as out:
-                _copy_decompressed(compression_extension(compression), io.BytesIO(packed), out)
+                decompress_stream(compression, io.BytesIO(packed), out)
         else:
             os.pwrite(self.fd, packed, 0)
         with self._cond:

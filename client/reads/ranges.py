@@ -14,8 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from shardstream.mds import ShardInfo
-from shardstream.mds._blocks import blocks_of_spans
+from shardstream.mds import ShardInfo, blocks_of_spans
 
 __all__ = [
     "DEFAULT_BLOCK_BYTES",

@@ -3,10 +3,10 @@
 Each rank's commit carries its figures since its previous commit
 (:class:`~shardstream.wire.InputStatsReport`, a fixed set of numbers). One row per run and
 rank keeps the latest window, the totals, and the wait share of the last
-:data:`~shardstream.wire._input_stats.MAX_HISTORY` commits, so what the server stores is
+:data:`~shardstream.wire.MAX_HISTORY` commits, so what the server stores is
 bounded by the number of ranks, not by the length of the run. A commit retried at a step
 the row already has is not counted twice. Totals saturate at their bounds
-(:func:`~shardstream.wire._input_stats.saturated`) and stored figures are held to them
+(:func:`~shardstream.wire.saturated`) and stored figures are held to them
 when read, so no sum ever makes a run's views fail.
 """
 
@@ -23,22 +23,20 @@ from sqlalchemy.orm import Session
 from shardstream.errors import RequestValidationError
 from shardstream.server.models import RankInputStatsRow, RunRow, utcnow
 from shardstream.wire import (
+    COUNTS,
+    DEFAULT_RANKS,
     INPUT_BOUND,
+    MAX_HISTORY,
+    MAX_INT,
+    MAX_MISSING_LISTED,
+    MAX_WORLD_SIZE,
+    SECONDS,
     InputFigures,
     InputStatsReport,
     RankInputStats,
     RunInputStats,
     RunInputSummary,
     Verdict,
-)
-from shardstream.wire._fields import MAX_INT
-from shardstream.wire._input_stats import (
-    COUNTS,
-    DEFAULT_RANKS,
-    MAX_HISTORY,
-    MAX_MISSING_LISTED,
-    MAX_WORLD_SIZE,
-    SECONDS,
     saturated,
 )
 

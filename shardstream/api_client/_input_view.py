@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardstream.wire._input_stats import percentiles
+from shardstream.wire import percentiles
 
 __all__ = ["input_lines"]
 

@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from shardstream.errors import NotFoundError, RequestValidationError
 from shardstream.wire import (
+    MAX_RANKS,
     AttemptCreate,
     AttemptPublic,
     CheckpointCreate,
@@ -22,7 +23,6 @@ from shardstream.wire import (
     RunStatus,
     RunUpdate,
 )
-from shardstream.wire._input_stats import MAX_RANKS
 
 from ._session import APISession, json_body
 

@@ -13,7 +13,11 @@ uncompressed local shard (:func:`decompress_shard` first if the index lists ``zi
 
 Ranged reads: uncompressed shards carry per-block digests (``ShardInfo.block_digests``);
 :func:`blocks_for_range` aligns a byte range to blocks and :func:`verify_range` checks the
-fetched bytes, so a reader can verify part of a shard without the whole file.
+fetched bytes, so a reader can verify part of a shard without the whole file;
+:func:`blocks_of_spans` names the blocks that cover many sample spans at once. Digests for
+shards written elsewhere (the builder's ``register``) come from :class:`BlockHasher`,
+:class:`HeaderHasher` and the piece table's :func:`index_piece_size` and
+:func:`index_table_entry`; :func:`decompress_stream` decompresses bytes already in memory.
 
 Tokens: :func:`token_column` names the column that holds a sample's tokens and
 :func:`tokens_per_sample` counts them where the shape is fixed (one rule for the client's
@@ -29,12 +33,23 @@ from shardstream.mds._blocks import (
     BLOCK_DIGEST_ALGO,
     DEFAULT_BLOCK_SIZE,
     BlockDigests,
+    BlockHasher,
     BlockRange,
     HeaderDigest,
+    HeaderHasher,
     blocks_for_range,
+    blocks_of_spans,
+    check_block_size,
+    digests_key,
+    is_digests_key,
     verify_range,
 )
-from shardstream.mds._compression import check_compression, compress, decompress_shard
+from shardstream.mds._compression import (
+    check_compression,
+    compress,
+    decompress_shard,
+    decompress_stream,
+)
 from shardstream.mds._encodings import ENCODINGS, Codec, encoded_size, get_codec
 from shardstream.mds._format import ShardFormat
 from shardstream.mds._index import (
@@ -46,7 +61,15 @@ from shardstream.mds._index import (
     load_index,
     write_atomic,
 )
-from shardstream.mds._pieces import DEFAULT_PIECE_SIZE, PieceSpec, PieceTable
+from shardstream.mds._pieces import (
+    DEFAULT_PIECE_SIZE,
+    PIECE_ALGO,
+    PieceSpec,
+    PieceTable,
+    check_piece_size,
+    index_piece_size,
+    index_table_entry,
+)
 from shardstream.mds._reader import ShardReader
 from shardstream.mds._sample import encode_sample, make_encoder, make_parts_encoder
 from shardstream.mds._shard import (
@@ -65,12 +88,15 @@ __all__ = [
     "DEFAULT_PIECE_SIZE",
     "ENCODINGS",
     "INDEX_BASENAME",
+    "PIECE_ALGO",
     "TOKEN_COLUMNS",
     "BlockDigests",
+    "BlockHasher",
     "BlockRange",
     "Codec",
     "FileInfo",
     "HeaderDigest",
+    "HeaderHasher",
     "MDSIndex",
     "MDSWriter",
     "PieceSpec",
@@ -79,14 +105,22 @@ __all__ = [
     "ShardInfo",
     "ShardReader",
     "blocks_for_range",
+    "blocks_of_spans",
+    "check_block_size",
     "check_compression",
+    "check_piece_size",
     "compress",
     "decompress_shard",
+    "decompress_stream",
+    "digests_key",
     "encode_sample",
     "encoded_size",
     "fixed_shape",
     "get_codec",
     "index_from_json",
+    "index_piece_size",
+    "index_table_entry",
+    "is_digests_key",
     "load_index",
     "make_encoder",
     "make_parts_encoder",

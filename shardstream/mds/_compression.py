@@ -81,6 +81,16 @@ def _copy_decompressed(family: str, src: IO[bytes], dst: IO[bytes]) -> None:
         raise EOFError("the last zstd frame is incomplete")
 
 
+def decompress_stream(compression: str, src: IO[bytes], dst: IO[bytes]) -> None:
+    """Decompress the stream ``src``, compressed as ``compression`` (``"zstd:7"``), into ``dst``.
+
+    For bytes already verified against the index (a shard fetched whole into memory), so
+    the codec's own errors (``zstandard.ZstdError``, ``EOFError``, ``zlib.error``) pass
+    through untranslated; :func:`decompress_shard` names the file for a shard on disk.
+    """
+    _copy_decompressed(compression_extension(compression), src, dst)
+
+
 def decompress_shard(
     src: Path, dst: Path, compression: str, *, expected_size: int | None = None
 ) -> None:
@@ -98,7 +108,7 @@ def decompress_shard(
     fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
     try:
         with open(src, "rb") as fin, os.fdopen(fd, "wb") as fout:
-            _copy_decompressed(compression_extension(compression), fin, fout)
+            decompress_stream(compression, fin, fout)
             size = fout.tell()
         if expected_size is not None and size != expected_size:
             raise CorruptShardError(

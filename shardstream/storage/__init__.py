@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ._base import ObjectStore, StoreCapabilities
 from ._http import HTTPStore, Resolver
-from ._keys import check_key
+from ._keys import check_key, spread_key
 from ._local import LocalStore
 from ._open import open_store
 from ._options import StorageOptions
@@ -31,5 +31,6 @@ __all__ = [
     "StoreCapabilities",
     "check_key",
     "open_store",
+    "spread_key",
     "storage_counters",
 ]

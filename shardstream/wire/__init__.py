@@ -36,13 +36,23 @@ from ._datasets import (
 )
 from ._fields import MAX_INT, NAME_PATTERN, check_name, check_shard_key
 from ._input_stats import (
+    COUNTS,
+    DEFAULT_RANKS,
     INPUT_BOUND,
+    LATENCY_BUCKETS_S,
+    MAX_HISTORY,
+    MAX_MISSING_LISTED,
+    MAX_RANKS,
+    MAX_WORLD_SIZE,
+    SECONDS,
     InputFigures,
     InputStatsReport,
     RankInputStats,
     RunInputStats,
     RunInputSummary,
     Verdict,
+    percentiles,
+    saturated,
 )
 from ._json import FieldLimits, check_json_document, field_limits, set_field_limits
 from ._mixture import (
@@ -80,21 +90,29 @@ from ._runs import (
 from ._tokens import Scope, TokenCreate, TokenPublic
 
 __all__ = [
+    "COUNTS",
+    "DEFAULT_RANKS",
     "INPUT_BOUND",
+    "LATENCY_BUCKETS_S",
     "MAX_ATTEMPT_CHANGES",
     "MAX_ATTEMPT_CHANGES_BYTES",
     "MAX_EPOCHS",
     "MAX_EPOCH_SAMPLES",
+    "MAX_HISTORY",
     "MAX_INT",
+    "MAX_MISSING_LISTED",
     "MAX_MIXTURE_WINDOWS",
     "MAX_PRESIGN_KEYS",
+    "MAX_RANKS",
     "MAX_SCHEDULE_PHASES",
     "MAX_SCHEDULE_PIECES",
     "MAX_SHARDS_PER_BATCH",
     "MAX_STEPS",
     "MAX_TOKENS",
+    "MAX_WORLD_SIZE",
     "NAME_PATTERN",
     "PLAN_CONFIG_FIELDS",
+    "SECONDS",
     "AttemptCreate",
     "AttemptPublic",
     "CheckpointCreate",
@@ -138,7 +156,9 @@ __all__ = [
     "check_plan_bounds",
     "check_shard_key",
     "field_limits",
+    "percentiles",
     "phase_end_text",
+    "saturated",
     "set_field_limits",
     "stored_plan_params",
     "token_count_text",

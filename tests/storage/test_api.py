@@ -31,6 +31,7 @@ def test_exported_names_change_only_on_purpose() -> None:
         "StoreCapabilities",
         "check_key",
         "open_store",
+        "spread_key",
         "storage_counters",
     ]
     for name in storage.__all__:

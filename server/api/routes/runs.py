@@ -16,6 +16,8 @@ from shardstream.server.services import attempts, audit, checkpoints
 from shardstream.server.services import runs as runs_service
 from shardstream.server.services.checkpoints import CommitResult
 from shardstream.wire import (
+    DEFAULT_RANKS,
+    MAX_RANKS,
     AttemptCreate,
     AttemptPublic,
     CheckpointCreate,
@@ -27,7 +29,6 @@ from shardstream.wire import (
     RunPublic,
     RunUpdate,
 )
-from shardstream.wire._input_stats import DEFAULT_RANKS, MAX_RANKS
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"], responses=ERRORS)
 
