@@ -2,7 +2,8 @@
 
 The pieces :class:`~shardstream.client.reads.partial.PartialShard` does its I/O with: the
 per-process counters (:class:`BlockStats`), a ranged read checked against the index's
-per-block digests and fetched again when corrupt (:func:`read_verified`), and the sparse
+per-block digests and fetched again when corrupt, under the re-fetch policy
+(:data:`~shardstream.client.reads.refetch.REFETCH`: :func:`read_verified`), and the sparse
 file calls that write blocks in place and free evicted ones (:func:`punch_hole`).
 """
 
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shardstream.client.reads.link import LinkEstimate
+from shardstream.client.reads.refetch import REFETCH
 from shardstream.errors import CorruptShardError, HashMismatchError, ShardstreamError
 from shardstream.mds import PieceTable, ShardInfo
 from shardstream.storage import ObjectStore
@@ -33,9 +35,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-VERIFY_ATTEMPTS = 3
-"""Fetches of a block whose bytes fail their digest before the shard is declared bad."""
 
 
 class BlockStats:
@@ -70,8 +69,8 @@ def read_verified(
     verify: bool,
 ) -> bytes | bytearray:
     """Bytes ``[start, end)`` of shard ``key``, checked against its block digests when
-    ``verify`` (fetched again when corrupt; :class:`HashMismatchError` after
-    :data:`VERIFY_ATTEMPTS` corrupt fetches)."""
+    ``verify`` (fetched again when corrupt; :class:`HashMismatchError` once
+    :data:`~shardstream.client.reads.refetch.REFETCH` is spent)."""
     from shardstream.mds import verify_range  # with block digests (mds >= blocks)
 
     def check(data: bytes | bytearray) -> None:
@@ -124,7 +123,8 @@ def _read_checked(
     stats: BlockStats,
 ) -> bytes | bytearray:
     size, (start, end) = info.raw_data.bytes, span
-    for attempt in range(1, VERIFY_ATTEMPTS + 1):
+    attempts = REFETCH.start()
+    while True:
         began = time.monotonic()
         data = store.read_range(key, start, end, expected_size=size)
         stats.link.observe(len(data), time.monotonic() - began)
@@ -134,13 +134,14 @@ def _read_checked(
             return data
         except CorruptShardError as exc:
             stats.add(corrupt_blocks=1)
-            log.warning("%s (attempt %d of %d)", exc, attempt, VERIFY_ATTEMPTS)
-            if attempt == VERIFY_ATTEMPTS:
+            made, delay = attempts.made, attempts.next_delay()
+            log.warning("%s (attempt %d of %s)", exc, made, REFETCH.attempts)
+            if delay is None:
                 raise HashMismatchError(
-                    f"{exc}; still corrupt after {attempt} fetches: the stored shard "
+                    f"{exc}; still corrupt after {made} fetches: the stored shard "
                     f"{key!r} does not match its index"
                 ) from None
-    raise AssertionError("unreachable")
+            time.sleep(delay)
 
 
 def pwrite_all(fd: int, data: bytes | bytearray, offset: int) -> None:

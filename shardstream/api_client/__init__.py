@@ -12,7 +12,9 @@
 
 ``base_url`` defaults to ``SHARDSTREAM_SERVER`` and ``token`` to ``SHARDSTREAM_TOKEN``.
 Connection errors, timeouts and 502/503/504 answers are retried with jittered exponential
-backoff, and 429 (a token over the server's per-token budget) after its ``Retry-After``;
+backoff, and 429 (a token over the server's per-token budget) after its ``Retry-After``,
+under the project's one :class:`~shardstream.retry.RetryPolicy` (``retries=``/``backoff_s=``
+set it, or ``retry=`` gives a whole one; ``with_retry`` shares the pool under another);
 every other HTTP error becomes the matching :mod:`shardstream.errors` class
 (401 AuthenticationError, 403 PermissionDeniedError, 404 NotFoundError, 409 ConflictError,
 422 RequestValidationError, unreachable/5xx ServerUnavailableError) carrying the server's

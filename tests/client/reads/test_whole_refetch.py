@@ -1,5 +1,5 @@
 """A whole-shard download whose bytes fail the published hash is fetched again (at most
-``WHOLE_ATTEMPTS`` downloads), and only then fails with one error naming the shard: through
+``REFETCH_ATTEMPTS`` downloads), and only then fails with one error naming the shard: through
 moto's S3 server behind a proxy that flips a byte in GET bodies."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from shardstream.client import CacheOptions, PlanOptions, ReadOptions, StreamingDataset
-from shardstream.client.reads.refetch import WHOLE_ATTEMPTS
+from shardstream.client.reads.refetch import REFETCH_ATTEMPTS, refetched
 from shardstream.errors import HashMismatchError
 from shardstream.mds import MDSWriter
+from shardstream.retry import RetryPolicy
 from tests.client.reads.test_ranged_reads import TOKENS, _upload, tokens_of
 from tests.fixtures.faulty_proxy import Faults, FaultyProxy, faulty_proxy
 from tests.fixtures.s3 import S3Bucket
@@ -78,11 +79,11 @@ def test_a_corrupted_whole_download_is_fetched_again(
         else (CacheOptions(), ReadOptions(memory_only=True, memory_budget_bytes=64 << 20))
     )
     # Every download but the last allowed is corrupted.
-    faults = Faults(corrupt_rate=1.0, corrupt_max=WHOLE_ATTEMPTS - 1)
+    faults = Faults(corrupt_rate=1.0, corrupt_max=REFETCH_ATTEMPTS - 1)
     ids = _read(url, options, faulty_proxy, faults)
     assert sorted(ids) == list(range(N))  # and every row's tokens were checked
-    assert faulty_proxy.stats["corrupted"] == WHOLE_ATTEMPTS - 1
-    assert _shard_gets(faulty_proxy) == WHOLE_ATTEMPTS
+    assert faulty_proxy.stats["corrupted"] == REFETCH_ATTEMPTS - 1
+    assert _shard_gets(faulty_proxy) == REFETCH_ATTEMPTS
 
 
 def test_a_shard_wrong_every_time_fails_naming_it_after_the_attempts(
@@ -96,9 +97,29 @@ def test_a_shard_wrong_every_time_fails_naming_it_after_the_attempts(
     )
     with pytest.raises(
         HashMismatchError,
-        match=rf"shard shard\.\d+\.mds failed .* all {WHOLE_ATTEMPTS} downloads.*re-upload it\): "
+        match=rf"shard shard\.\d+\.mds failed .* all {REFETCH_ATTEMPTS} downloads.*re-upload it\): "
         r"s3://.*/whole/shard\.\d+\.mds: xxh3_64 is",
     ):
         _read(url, options, faulty_proxy, Faults(corrupt_rate=1.0))
-    assert faulty_proxy.stats["corrupted"] >= WHOLE_ATTEMPTS
+    assert faulty_proxy.stats["corrupted"] >= REFETCH_ATTEMPTS
     assert list((tmp_path / "cache" / "data").iterdir()) == []  # nothing wrong was cached
+
+
+def test_refetches_follow_the_retry_policy() -> None:
+    """The re-fetch loop is the project's retry policy: its attempts, and its deadline
+    (a spent deadline allows no second download)."""
+    downloads: list[int] = []
+
+    def corrupt() -> bytes:
+        downloads.append(1)
+        raise HashMismatchError("bytes differ")
+
+    twice = RetryPolicy(attempts=2, base_s=0.0, cap_s=0.0)
+    with pytest.raises(HashMismatchError, match=r"shard s\.mds failed .* all 2 downloads"):
+        refetched("s.mds", corrupt, twice)
+    assert len(downloads) == 2
+    downloads.clear()
+    spent = RetryPolicy(attempts=None, base_s=1.0, cap_s=1.0, within_s=0.0)
+    with pytest.raises(HashMismatchError, match=r"all 1 downloads"):
+        refetched("s.mds", corrupt, spent)
+    assert len(downloads) == 1
