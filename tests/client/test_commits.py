@@ -26,7 +26,7 @@ from shardstream.client.committer import CheckpointCommitter
 from shardstream.errors import ConfigError, ConflictError, ServerUnavailableError
 from shardstream.shard_builder.publish import register_index
 from tests.client.tcp_gate import TCPGate
-from tests.client.test_dataset_support import write_tokens
+from tests.fixtures.datasets import write_tokens
 from tests.fixtures.server import LiveServer
 
 N = 64

@@ -20,7 +20,7 @@ from shardstream.client import (
     Topology,
 )
 from shardstream.errors import ConfigError, ResumeError
-from tests.client.test_dataset_support import (
+from tests.fixtures.datasets import (
     check_resume,
     ids_of,
     image_bytes,

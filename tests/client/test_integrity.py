@@ -25,7 +25,7 @@ from shardstream.client.cache.shard_cache import ShardCache
 from shardstream.client.cache.verify import BOOT_ID, read_marker
 from shardstream.errors import ConfigError, CorruptShardError
 from shardstream.hashing import hash_bytes
-from tests.client.test_dataset_support import ids_of, token_row, write_tokens
+from tests.fixtures.datasets import ids_of, token_row, write_tokens
 
 SIZE = 64 << 10
 

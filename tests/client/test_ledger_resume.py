@@ -19,7 +19,7 @@ from shardstream.api_client import APIClient
 from shardstream.client import CacheOptions, ServerOptions, ShardstreamLoader, StreamingDataset
 from shardstream.errors import ConflictError, ResumeError
 from shardstream.shard_builder.publish import register_index
-from tests.client.test_dataset_support import write_tokens
+from tests.fixtures.datasets import write_tokens
 from tests.fixtures.server import LiveServer
 
 N = 64

@@ -12,7 +12,7 @@ import pytest
 from shardstream.client import CacheOptions, ReadOptions, StreamingDataset
 from shardstream.client.options import READ_KNOBS, read_options
 from shardstream.errors import ConfigError
-from tests.client.test_dataset_support import write_tokens
+from tests.fixtures.datasets import write_tokens
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from shardstream.client import CacheOptions, PlanOptions, StreamingDataset
 from shardstream.client.state import STATE_FORMAT, ReaderState
 from shardstream.errors import ResumeError
 from shardstream.plan import PLAN_ALGORITHM
-from tests.client.test_dataset_support import ids_of, write_tokens
+from tests.fixtures.datasets import ids_of, write_tokens
 
 N = 240
 

@@ -25,7 +25,7 @@ from shardstream.client import (
 from shardstream.errors import ConfigError, ResumeError
 from shardstream.plan import MixtureSchedule, Phase
 from shardstream.shard_builder.publish import register_index
-from tests.client.test_dataset_support import write_documents, write_tokens
+from tests.fixtures.datasets import write_documents, write_tokens
 from tests.fixtures.server import LiveServer
 
 GLOBAL_BATCH = 8

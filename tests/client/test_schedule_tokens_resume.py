@@ -22,7 +22,7 @@ from shardstream.client import (
 )
 from shardstream.errors import ConfigError, ResumeError
 from shardstream.plan import MixtureSchedule, Phase
-from tests.client.test_dataset_support import TOKENS, write_documents, write_tokens
+from tests.fixtures.datasets import TOKENS, write_documents, write_tokens
 
 GLOBAL_BATCH = 8
 PACK = PackOptions(seq_len=48, rows=3, group=2)

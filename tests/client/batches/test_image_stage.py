@@ -31,7 +31,7 @@ from shardstream.client import (
 from shardstream.client.batches.image_stage import ImageStage, _decode_torch
 from shardstream.errors import ConfigError
 from shardstream.shard_builder import ImageBuildConfig, build_images
-from tests.client.test_dataset_support import write_image_tree
+from tests.fixtures.datasets import write_image_tree
 
 N = 40
 CROP = 24

@@ -39,9 +39,9 @@ from shardstream.mds import MDSWriter
 from shardstream.shard_builder.publish import register_index
 from shardstream.storage import open_store
 from shardstream.wire import InputStatsReport
-from tests.client.test_dataset_support import write_tokens
 from tests.fixtures.cloud_emulator import CloudEmulator
 from tests.fixtures.cloud_emulator_fixture import _cloud_emulator_process, cloud_emulator
+from tests.fixtures.datasets import write_tokens
 from tests.fixtures.s3 import S3Bucket
 from tests.fixtures.server import LiveServer
 

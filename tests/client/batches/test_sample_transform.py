@@ -24,7 +24,7 @@ from shardstream.client import (
 from shardstream.client.batches.sample_transform import sample_seed
 from shardstream.errors import ConfigError
 from shardstream.shard_builder import ImageBuildConfig, build_images
-from tests.client.test_dataset_support import write_image_tree
+from tests.fixtures.datasets import write_image_tree
 
 N = 48
 CROP = 32

@@ -13,7 +13,7 @@ import pytest
 
 from shardstream.client import CacheOptions, PlanOptions, ReadOptions, StreamingDataset
 from shardstream.client.batches.footprint import CacheFootprint
-from tests.client.test_dataset_support import ids_of, write_tokens
+from tests.fixtures.datasets import ids_of, write_tokens
 
 N = 2000
 

@@ -19,7 +19,7 @@ from shardstream.client import CacheOptions, ServerOptions, StreamingDataset
 from shardstream.client.options import Source
 from shardstream.client.sources.source import resolve_source
 from shardstream.shard_builder.publish import register_index
-from tests.client.test_dataset_support import ids_of, token_row, write_tokens
+from tests.fixtures.datasets import ids_of, token_row, write_tokens
 from tests.fixtures.server import LiveServer
 
 N = 120

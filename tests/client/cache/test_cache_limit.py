@@ -133,7 +133,7 @@ def test_after_an_epoch_over_a_too_small_limit_the_cache_is_back_within_it(
 ) -> None:
     """The issue's case: a 3-shard limit, a whole epoch read; nothing in use at the end."""
     from shardstream.client import CacheOptions, StreamingDataset
-    from tests.client.test_dataset_support import ids_of, write_tokens
+    from tests.fixtures.datasets import ids_of, write_tokens
 
     write_tokens(tmp_path / "ds", 400, size_limit=600)
     shard = max(p.stat().st_size for p in (tmp_path / "ds").glob("*.mds"))

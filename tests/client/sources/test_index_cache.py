@@ -17,7 +17,7 @@ from shardstream.client.sources.index_cache import KEEP, cached_index, decode, e
 from shardstream.errors import ConfigError
 from shardstream.mds import FileInfo, MDSIndex, ShardInfo, load_index
 from shardstream.shard_builder.publish import register_index
-from tests.client.test_dataset_support import write_tokens
+from tests.fixtures.datasets import write_tokens
 from tests.fixtures.server import LiveServer
 
 

@@ -12,7 +12,7 @@ from shardstream.client.sources.source import resolve_source, split_index_url
 from shardstream.errors import ConfigError, HashMismatchError, NotFoundError
 from shardstream.shard_builder.publish import register_index
 from shardstream.storage import open_store
-from tests.client.test_dataset_support import ids_of, token_row, write_tokens
+from tests.fixtures.datasets import ids_of, token_row, write_tokens
 from tests.fixtures.s3 import S3Bucket
 from tests.fixtures.server import LiveServer
 

@@ -19,7 +19,7 @@ from shardstream.client import (
     WorkerError,
 )
 from shardstream.errors import ConfigError
-from tests.client.test_dataset_support import check_resume, ids_of, token_row, write_tokens
+from tests.fixtures.datasets import check_resume, ids_of, token_row, write_tokens
 
 N = 300
 
@@ -156,7 +156,7 @@ def test_transform_outputs_and_images_travel_from_workers(tokens_dir: Path, tmp_
                 assert x.tolist() == token_row(i)[:-1].tolist()
                 assert y.tolist() == token_row(i)[1:].tolist()
 
-    from tests.client.test_dataset_support import write_images
+    from tests.fixtures.datasets import write_images
 
     write_images(tmp_path / "img", 24)
     images = StreamingDataset(str(tmp_path / "img"), 4, cache=CacheOptions(dir=tmp_path / "cache"))

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from shardstream.client import ShardstreamLoader
-from tests.client.test_dataset_support import ids_of, token_row
 from tests.client.workers.test_loader import dataset, tokens_dir  # noqa: F401  (fixture)
+from tests.fixtures.datasets import ids_of, token_row
 
 
 def _slot_of(loader: ShardstreamLoader, tensor: torch.Tensor) -> int | None:
