@@ -19,8 +19,18 @@ from pathlib import Path
 import torch
 
 
+def preload() -> None:
+    """The heavy imports, done once by the launcher before it forks the ranks
+    (:mod:`tests.client.integrations.fork_ranks`)."""
+    import accelerate  # noqa: F401
+    import torch._dynamo  # noqa: F401  (DDP's constructor imports it: 3-30 s per rank)
+
+    import shardstream.integrations.hf_accelerate  # noqa: F401
+
+
 def main(config_path: str) -> int:
     cfg = json.loads(Path(config_path).read_text())
+    os.environ.setdefault("ACCELERATE_USE_CPU", "true")
     torch.set_num_threads(1)
     from accelerate import Accelerator, DataLoaderConfiguration
 
@@ -34,7 +44,7 @@ def main(config_path: str) -> int:
     attempt, out = Path(cfg["attempt"]), Path(cfg["output_dir"])
     log = (attempt / f"rank{rank}.log").open("a", buffering=1)
     dataset = StreamingDataset(
-        cfg["data"], cfg["batch_size"], plan=PlanOptions(seed=7),
+        cfg["data"], cfg["batch_size"], plan=PlanOptions(seed=cfg["seed"]),
         decode=DecodeOptions(sample_ids=True),
     )  # fmt: skip
     loader = prepare_loader(accelerator, ShardstreamLoader(dataset, num_workers=1))
@@ -75,5 +85,4 @@ def main(config_path: str) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("ACCELERATE_USE_CPU", "true")
     sys.exit(main(sys.argv[1]))

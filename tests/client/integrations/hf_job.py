@@ -31,6 +31,15 @@ def _cpu_index_restores() -> None:
     torch.serialization.register_package(5, lambda obj: None, restore)
 
 
+def preload() -> None:
+    """The heavy imports, done once by the launcher before it forks the ranks
+    (:mod:`tests.client.integrations.fork_ranks`)."""
+    import transformers.models.gpt2  # noqa: F401
+    from transformers import Trainer  # noqa: F401
+
+    import shardstream.integrations.hf_trainer  # noqa: F401
+
+
 def main(config_path: str) -> int:
     cfg = json.loads(Path(config_path).read_text())
     torch.set_num_threads(1)
@@ -62,7 +71,7 @@ def main(config_path: str) -> int:
     dataset = StreamingDataset(
         cfg["data"],
         cfg["batch_size"],
-        plan=PlanOptions(seed=7),
+        plan=PlanOptions(seed=cfg["seed"]),
         decode=DecodeOptions(sample_ids=True),
         transform=to_inputs,
     )
