@@ -20,7 +20,6 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from numpy.typing import NDArray
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from shardstream.api_client import APIClient
@@ -31,6 +30,7 @@ from shardstream.client.resume import adopt_saved
 from shardstream.mds import MDSIndex
 from shardstream.plan import EpochPlan, PlanConfig, SourceSpec, default_shape
 from shardstream.shard_builder.publish import register_index
+from tests.fixtures.plans import I64, default_plan
 from tests.fixtures.server import LiveServer
 from tests.harness.compare import check_elastic_resume
 from tests.harness.config import DataSettings, ServerResume, TrainerConfig
@@ -41,7 +41,6 @@ from tests.harness.scenario import Killed, attempt, resume_state_dict, run_and_k
 # Starts torch.distributed: runs in a private network namespace (tests/fixtures/netns.py).
 pytestmark = pytest.mark.distributed
 
-I64 = NDArray[np.int64]
 SETTINGS = settings(
     max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )
@@ -49,14 +48,6 @@ SETTINGS = settings(
 
 def divisors(n: int, up_to: int = 64) -> list[int]:
     return [w for w in range(1, min(n, up_to) + 1) if n % w == 0]
-
-
-def default_plan(sizes: I64, batch: int, world: int, seed: int, epoch: int) -> EpochPlan:
-    """The plan a fresh run on ``world`` ranks gets with default options."""
-    specs = [SourceSpec(shard_sizes=sizes)]
-    parts, window = default_shape(batch, world, specs)
-    cfg = PlanConfig(seed=seed, global_batch_size=batch, num_partitions=parts, window=window)
-    return EpochPlan(specs, cfg, epoch)
 
 
 def consume(plan: EpochPlan, world: int, workers: int, start: int, stop: int) -> list[I64]:

@@ -29,8 +29,8 @@ import pytest
 
 from shardstream.api_client import APIClient
 from shardstream.shard_builder.publish import register_index
-from tests.client.test_elastic_resume import default_plan
-from tests.client.test_ledger_resume import audit_cli
+from tests.fixtures.audit_cli import audit_cli
+from tests.fixtures.plans import default_plan
 from tests.fixtures.server import LiveServer, server_storage_roots, start_server
 from tests.harness.config import DataSettings, ServerResume, StateDictResume, TrainerConfig
 from tests.harness.datasets import write_id_dataset

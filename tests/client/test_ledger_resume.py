@@ -7,9 +7,6 @@ batch per training step: the step's checkpoint is at sample ``4 * step``.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +16,7 @@ from shardstream.api_client import APIClient
 from shardstream.client import CacheOptions, ServerOptions, ShardstreamLoader, StreamingDataset
 from shardstream.errors import ConflictError, ResumeError
 from shardstream.shard_builder.publish import register_index
+from tests.fixtures.audit_cli import audit_cli
 from tests.fixtures.datasets import write_tokens
 from tests.fixtures.server import LiveServer
 
@@ -60,18 +58,6 @@ def train(ld: ShardstreamLoader, first: int, last: int) -> None:
             next(it)
         ld.commit(step)
     ld.flush_commits()
-
-
-def audit_cli(live: LiveServer, run: int) -> tuple[int, dict[str, Any]]:
-    done = subprocess.run(
-        [sys.executable, "-m", "shardstream", "runs", "audit", str(run), "--json"],
-        env={"SHARDSTREAM_SERVER": live.url, "SHARDSTREAM_TOKEN": live.token, "PATH": ""},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    return done.returncode, json.loads(done.stdout)
 
 
 def test_resume_at_a_step_without_checkpoint_is_refused_naming_the_steps(

@@ -28,15 +28,15 @@ from shardstream.client import (
     ShardstreamLoader,
     StreamingDataset,
 )
-from tests.client.reads.test_ranged_reads import _upload, _write
 from tests.fixtures.fd_guard import open_fds
+from tests.fixtures.ranged_shards import upload_folder, write_ranged_shards
 from tests.fixtures.s3 import S3Bucket
 
 
 @pytest.fixture
 def url(s3_bucket: S3Bucket, tmp_path: Path) -> str:
-    _write(tmp_path / "ds")
-    _upload(tmp_path / "ds", f"{s3_bucket.url}/abandoned")
+    write_ranged_shards(tmp_path / "ds")
+    upload_folder(tmp_path / "ds", f"{s3_bucket.url}/abandoned")
     return f"{s3_bucket.url}/abandoned/index.json"
 
 

@@ -16,9 +16,15 @@ import pytest
 
 from shardstream.client import PlanOptions, ReadOptions, StreamingDataset
 from shardstream.errors import ConfigError
-from tests.client.reads.test_ranged_reads import N, _read, _through, _upload, _write
 from tests.fixtures.cloud_emulator import CloudEmulator
 from tests.fixtures.cloud_emulator_fixture import _cloud_emulator_process, cloud_emulator
+from tests.fixtures.ranged_shards import (
+    N,
+    read_ids,
+    through_emulator,
+    upload_folder,
+    write_ranged_shards,
+)
 from tests.fixtures.s3 import S3Bucket
 
 __all__ = ["_cloud_emulator_process", "cloud_emulator"]
@@ -26,8 +32,8 @@ __all__ = ["_cloud_emulator_process", "cloud_emulator"]
 
 @pytest.fixture
 def dataset(s3_bucket: S3Bucket, tmp_path: Path) -> tuple[str, int]:
-    _write(tmp_path / "ds")
-    total = _upload(tmp_path / "ds", f"{s3_bucket.url}/budget")
+    write_ranged_shards(tmp_path / "ds")
+    total = upload_folder(tmp_path / "ds", f"{s3_bucket.url}/budget")
     return f"{s3_bucket.url}/budget/index.json", total
 
 
@@ -45,12 +51,12 @@ def test_budget_below_the_window_need_is_refused_before_any_block(
     dataset: tuple[str, int], cloud_emulator: CloudEmulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url, total = dataset
-    _through(cloud_emulator, monkeypatch)
+    through_emulator(cloud_emulator, monkeypatch)
     need = _need(url)
     assert 0 < need <= total
     cloud_emulator.reset()
     with pytest.raises(ConfigError, match=rf"memory_budget_bytes.*{need}"):
-        _read(url, read=ReadOptions(memory_only=True, memory_budget_bytes=need // 2))
+        read_ids(url, read=ReadOptions(memory_only=True, memory_budget_bytes=need // 2))
     # Refused up front: no sample block was fetched (at most the index and headers).
     assert cloud_emulator.stats()["body_bytes"] < total / 4
 
@@ -59,10 +65,10 @@ def test_budget_just_above_the_need_fetches_each_byte_about_once(
     dataset: tuple[str, int], cloud_emulator: CloudEmulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url, total = dataset
-    _through(cloud_emulator, monkeypatch)
+    through_emulator(cloud_emulator, monkeypatch)
     need = _need(url)
     cloud_emulator.reset()
-    ids, stats = _read(url, read=ReadOptions(memory_only=True, memory_budget_bytes=need))
+    ids, stats = read_ids(url, read=ReadOptions(memory_only=True, memory_budget_bytes=need))
     assert sorted(ids) == list(range(N))
     assert total <= stats.bytes_fetched <= 1.05 * total
     assert cloud_emulator.stats()["body_bytes"] <= 1.05 * total + (64 << 10)  # + the index
@@ -74,7 +80,7 @@ def test_narrow_window_within_budget_frees_finished_shards(
     """A window of about one shard: the budget holds a few shards, not the dataset, so the
     blocks of shards the plan is done with must go first, and nothing twice."""
     url, total = dataset
-    _through(cloud_emulator, monkeypatch)
+    through_emulator(cloud_emulator, monkeypatch)
     plan = PlanOptions(seed=3, num_partitions=1, window=400)
     need = _need(url, plan)
     assert need < total * 0.8  # the budget below cannot hold the whole dataset
@@ -98,7 +104,7 @@ def test_two_workers_each_fetch_the_dataset_at_most_once(
     from torch.utils.data import DataLoader
 
     url, total = dataset
-    _through(cloud_emulator, monkeypatch)
+    through_emulator(cloud_emulator, monkeypatch)
     need = _need(url)
     cloud_emulator.reset()
     ds = StreamingDataset(

@@ -22,7 +22,7 @@ from shardstream.client.reads.fill_states import FillAttempt, FillStage, FillSta
 from shardstream.client.reads.partial import PartialShard
 from shardstream.client.sources.source import resolve_source
 from shardstream.mds import ShardReader
-from tests.client.reads.test_ranged_reads import N, _upload, _write, tokens_of
+from tests.fixtures.ranged_shards import N, tokens_of, upload_folder, write_ranged_shards
 from tests.fixtures.s3 import S3Bucket
 
 # Stand-ins for the objects the state only holds and hands back (it never calls them).
@@ -164,8 +164,8 @@ def test_a_read_path_s_fills_only_move_up(s3_bucket: S3Bucket, tmp_path: Path) -
     """Every sample of a ranged S3 dataset read through the node cache, chunk by chunk:
     every shard is filled by one attempt that goes SCHEDULED, RUNNING, COMPLETE and ends
     once its published file is leased; the samples are right."""
-    _write(tmp_path / "ds")
-    _upload(tmp_path / "ds", f"{s3_bucket.url}/fills")
+    write_ranged_shards(tmp_path / "ds")
+    upload_folder(tmp_path / "ds", f"{s3_bucket.url}/fills")
     source = resolve_source(Source(f"{s3_bucket.url}/fills/index.json"))
     count = len(source.shards)
     reads = ShardReads(

@@ -17,9 +17,15 @@ import pytest
 from shardstream.client import PlanOptions, ReadOptions, ShardstreamLoader, StreamingDataset
 from shardstream.client.cache.keys import key_to_name
 from shardstream.client.reads.peer_files import BlockClaims, MemoryPeers
-from tests.client.reads.test_ranged_reads import N, _through, _upload, _write, tokens_of
 from tests.fixtures.cloud_emulator import CloudEmulator
 from tests.fixtures.cloud_emulator_fixture import _cloud_emulator_process, cloud_emulator
+from tests.fixtures.ranged_shards import (
+    N,
+    through_emulator,
+    tokens_of,
+    upload_folder,
+    write_ranged_shards,
+)
 from tests.fixtures.s3 import S3Bucket
 
 __all__ = ["_cloud_emulator_process", "cloud_emulator"]
@@ -49,10 +55,10 @@ def test_two_workers_fetch_the_dataset_about_once(
     cloud_emulator: CloudEmulator,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    _write(tmp_path / "ds")
-    total = _upload(tmp_path / "ds", f"{s3_bucket.url}/shared")
+    write_ranged_shards(tmp_path / "ds")
+    total = upload_folder(tmp_path / "ds", f"{s3_bucket.url}/shared")
     url = f"{s3_bucket.url}/shared/index.json"
-    _through(cloud_emulator, monkeypatch)
+    through_emulator(cloud_emulator, monkeypatch)
     alone = _read_ids(url, 0)
     assert sorted(alone) == list(range(N))
     cloud_emulator.reset()

@@ -15,7 +15,7 @@ from shardstream.client.reads.partial import PartialShard
 from shardstream.client.reads.queue import RangeQueue
 from shardstream.mds import ShardInfo, ShardReader, load_index
 from shardstream.storage import ObjectStore, open_store
-from tests.client.reads.test_ranged_reads import BLOCK, _upload, _write
+from tests.fixtures.ranged_shards import BLOCK, upload_folder, write_ranged_shards
 from tests.fixtures.s3 import S3Bucket
 
 
@@ -160,8 +160,8 @@ def _uploaded(
 ) -> tuple[ObjectStore, ShardInfo, bytes]:
     """A dataset written under ``tmp_path/ds`` and uploaded as ``name``: its store, its
     first shard's index entry and that shard's bytes."""
-    _write(tmp_path / "ds")
-    _upload(tmp_path / "ds", f"{s3_bucket.url}/{name}")
+    write_ranged_shards(tmp_path / "ds")
+    upload_folder(tmp_path / "ds", f"{s3_bucket.url}/{name}")
     store = open_store(f"{s3_bucket.url}/{name}")
     info = load_index(store.read_bytes("index.json")).shards[0]
     return store, info, (tmp_path / "ds" / info.raw_data.basename).read_bytes()

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -22,77 +20,32 @@ from shardstream.client import CacheOptions, PlanOptions, ReadOptions, Streaming
 from shardstream.client.distributed import Topology
 from shardstream.client.reads.ranges import blocks_of_samples, coalesce, offsets_from_index
 from shardstream.errors import HashMismatchError
-from shardstream.mds import MDSIndex, MDSWriter, load_index, write_shard_arrays
-from shardstream.mds._blocks import blocks_of_spans
+from shardstream.mds import MDSIndex, MDSWriter, blocks_of_spans, load_index, write_shard_arrays
 from shardstream.storage import open_store
 from tests.fixtures.cloud_emulator import CloudEmulator
 from tests.fixtures.cloud_emulator_fixture import _cloud_emulator_process, cloud_emulator
+from tests.fixtures.ranged_shards import (
+    N,
+    read_ids,
+    through_emulator,
+    upload_folder,
+    write_ranged_shards,
+)
 from tests.fixtures.s3 import S3Bucket
 
 __all__ = ["_cloud_emulator_process", "cloud_emulator"]
 
-N = 2400
-TOKENS = 256
-BLOCK = 16 << 10
-
-
-def tokens_of(i: int) -> np.ndarray[Any, Any]:
-    """Sample ``i``'s tokens: distinct per sample, so a wrong byte shows."""
-    return (np.arange(TOKENS, dtype=np.int64) * 7 + i * 3).astype(np.uint16)
-
-
-def _write(out: Path, *, compression: str | None = None, block_size: int | None = BLOCK) -> None:
-    columns = {"id": "int", "tokens": f"ndarray:uint16:{TOKENS}"}
-    with MDSWriter(
-        out, columns, size_limit=256 << 10, compression=compression, block_size=block_size
-    ) as writer:
-        for i in range(N):
-            writer.write({"id": i, "tokens": tokens_of(i)})
-
-
-def _upload(folder: Path, url: str) -> int:
-    store = open_store(url)
-    total = 0
-    for path in sorted(folder.iterdir()):
-        store.upload(path, path.name)
-        total += path.stat().st_size if path.suffix != ".json" else 0
-    return total
-
 
 @pytest.fixture
 def dataset(s3_bucket: S3Bucket, tmp_path: Path) -> tuple[str, int]:
-    _write(tmp_path / "ds")
-    total = _upload(tmp_path / "ds", f"{s3_bucket.url}/ranged")
+    write_ranged_shards(tmp_path / "ds")
+    total = upload_folder(tmp_path / "ds", f"{s3_bucket.url}/ranged")
     return f"{s3_bucket.url}/ranged/index.json", total
-
-
-def _read(
-    url: str,
-    cache: CacheOptions | None = None,
-    read: ReadOptions | None = None,
-    *,
-    epoch: int = 0,
-    opened: Callable[[], Any] | None = None,
-) -> tuple[list[int], Any]:
-    ds = StreamingDataset(url, 8, cache=cache, read=read, plan=PlanOptions(seed=3))
-    ds.set_epoch(epoch)
-    if opened is not None:  # after the index is read, before any shard byte
-        opened()
-    ids: list[int] = []
-    for batch in ds:
-        for i, row in zip(batch["id"].tolist(), batch["tokens"], strict=True):
-            assert row.numpy().tolist() == tokens_of(i).tolist()
-        ids += batch["id"].tolist()
-    return ids, ds.stream.read_stats
 
 
 def _num_shards(url: str) -> int:
     folder, _, name = url.rpartition("/")
     return len(load_index(open_store(folder).read_bytes(name)).shards)
-
-
-def _through(emu: CloudEmulator, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AWS_ENDPOINT_URL", emu.endpoint_url)
 
 
 def test_blocks_of_spans_and_coalesce() -> None:
@@ -137,8 +90,10 @@ def test_same_sequence_whole_ranged_and_cacheless_with_faults(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     url, _ = dataset
-    _through(cloud_emulator, monkeypatch)
-    whole, _ = _read(url, CacheOptions(dir=tmp_path / "c0"), read=ReadOptions(ranged_reads=False))
+    through_emulator(cloud_emulator, monkeypatch)
+    whole, _ = read_ids(
+        url, CacheOptions(dir=tmp_path / "c0"), read=ReadOptions(ranged_reads=False)
+    )
     assert sorted(whole) == list(range(N))
     faults = {"cut_rate": 0.05, "error_rate": 0.05, "corrupt_rate": 0.03}
     clean = dict.fromkeys(faults, 0.0)
@@ -146,9 +101,9 @@ def test_same_sequence_whole_ranged_and_cacheless_with_faults(
     def faulty() -> None:  # once the index is read: index.json has no digest to check
         cloud_emulator.configure(latency_s=0.005, faults=faults)
 
-    ranged, rstats = _read(url, CacheOptions(dir=tmp_path / "c1"), opened=faulty)
+    ranged, rstats = read_ids(url, CacheOptions(dir=tmp_path / "c1"), opened=faulty)
     cloud_emulator.configure(faults=clean)
-    cacheless, mstats = _read(
+    cacheless, mstats = read_ids(
         url, read=ReadOptions(memory_only=True, memory_budget_bytes=8 << 20), opened=faulty
     )
     cloud_emulator.configure(faults=clean)  # _num_shards reads index.json, which has no digest
@@ -165,17 +120,17 @@ def test_corrupt_block_is_detected_and_fetched_again(
     dataset: tuple[str, int], cloud_emulator: CloudEmulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url, _ = dataset
-    _through(cloud_emulator, monkeypatch)
+    through_emulator(cloud_emulator, monkeypatch)
     # Every shard body is corrupted until two have been: each range gets three attempts, so
     # the read must recover whatever ranges the two flips land in. (index.json has no
     # digest to check it against: the corruption starts once it is read.)
     cloud_emulator.configure(latency_s=0.0)
-    ids, stats = _read(
+    ids, stats = read_ids(
         url,
         read=ReadOptions(memory_only=True),
         opened=lambda: cloud_emulator.configure(faults={"corrupt_rate": 1.0, "corrupt_max": 2}),
     )
-    assert sorted(ids) == list(range(N))  # and every row's tokens checked in _read
+    assert sorted(ids) == list(range(N))  # and every row's tokens checked in read_ids
     assert stats.corrupt_blocks == 2
     assert cloud_emulator.stats()["corrupted"] == 2
 
@@ -184,8 +139,8 @@ def test_cacheless_fetches_each_byte_about_once(
     dataset: tuple[str, int], cloud_emulator: CloudEmulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url, total = dataset
-    _through(cloud_emulator, monkeypatch)
-    ids, stats = _read(url, read=ReadOptions(memory_only=True, memory_budget_bytes=64 << 20))
+    through_emulator(cloud_emulator, monkeypatch)
+    ids, stats = read_ids(url, read=ReadOptions(memory_only=True, memory_budget_bytes=64 << 20))
     assert sorted(ids) == list(range(N))
     assert stats.bytes_evicted == 0
     assert total <= stats.bytes_fetched <= 1.05 * total
@@ -195,7 +150,7 @@ def test_first_batch_before_whole_shards(
     dataset: tuple[str, int], cloud_emulator: CloudEmulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url, total = dataset
-    _through(cloud_emulator, monkeypatch)
+    through_emulator(cloud_emulator, monkeypatch)
     ds = StreamingDataset(url, 8, read=ReadOptions(memory_only=True), plan=PlanOptions(seed=3))
     first = next(iter(ds))
     fetched = ds.stream.read_stats.bytes_fetched
@@ -211,11 +166,11 @@ def test_zstd_shards_are_read_whole_in_memory(
     cloud_emulator: CloudEmulator,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    _write(tmp_path / "z", compression="zstd")
-    _upload(tmp_path / "z", f"{s3_bucket.url}/z")
-    _through(cloud_emulator, monkeypatch)
+    write_ranged_shards(tmp_path / "z", compression="zstd")
+    upload_folder(tmp_path / "z", f"{s3_bucket.url}/z")
+    through_emulator(cloud_emulator, monkeypatch)
     url = f"{s3_bucket.url}/z/index.json"
-    ids, stats = _read(url, read=ReadOptions(memory_only=True, memory_budget_bytes=8 << 20))
+    ids, stats = read_ids(url, read=ReadOptions(memory_only=True, memory_budget_bytes=8 << 20))
     assert sorted(ids) == list(range(N))
     assert stats.requests == _num_shards(url)  # one whole read per shard
 
@@ -226,13 +181,13 @@ def test_shards_without_digests_follow_the_option(
     cloud_emulator: CloudEmulator,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    _write(tmp_path / "n", block_size=None)
-    _upload(tmp_path / "n", f"{s3_bucket.url}/n")
-    _through(cloud_emulator, monkeypatch)
+    write_ranged_shards(tmp_path / "n", block_size=None)
+    upload_folder(tmp_path / "n", f"{s3_bucket.url}/n")
+    through_emulator(cloud_emulator, monkeypatch)
     url = f"{s3_bucket.url}/n/index.json"
-    whole, wstats = _read(url, CacheOptions(dir=tmp_path / "c"))
+    whole, wstats = read_ids(url, CacheOptions(dir=tmp_path / "c"))
     assert sorted(whole) == list(range(N)) and wstats.requests == 0  # fetched whole
-    later, lstats = _read(
+    later, lstats = read_ids(
         url,
         CacheOptions(dir=tmp_path / "d"),
         read=ReadOptions(unverified_blocks="verify_on_completion"),
@@ -241,16 +196,16 @@ def test_shards_without_digests_follow_the_option(
     from shardstream.errors import ConfigError
 
     with pytest.raises(ConfigError, match="no per-block digests"):
-        _read(url, read=ReadOptions(memory_only=True, unverified_blocks="refuse"))
+        read_ids(url, read=ReadOptions(memory_only=True, unverified_blocks="refuse"))
 
 
 def test_a_shard_opens_with_its_header_bytes_not_a_block(
     s3_bucket: S3Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Opening a shard by block 0 would fetch 64 KiB for a 2 KiB header.
-    _write(tmp_path / "h", block_size=64 << 10)
+    write_ranged_shards(tmp_path / "h", block_size=64 << 10)
     url = f"{s3_bucket.url}/h/index.json"
-    total = _upload(tmp_path / "h", url.rpartition("/")[0])
+    total = upload_folder(tmp_path / "h", url.rpartition("/")[0])
     shards = load_index(tmp_path / "h" / "index.json").shards
     heads = sum(s.header_digest.length for s in shards if s.header_digest is not None)
     ds = StreamingDataset(url, 8, read=ReadOptions(memory_only=True), plan=PlanOptions(seed=3))
@@ -292,9 +247,9 @@ def test_nodes_fill_only_the_shards_they_read_most_of(
         name = f"shard.{k:05d}.mds"
         shards.append(write_shard_arrays(folder, name, columns, arrays, block_size=4096))
     MDSIndex(shards=shards).write(folder / "index.json")
-    total = _upload(folder, f"{s3_bucket.url}/nodes")
+    total = upload_folder(folder, f"{s3_bucket.url}/nodes")
     url = f"{s3_bucket.url}/nodes/index.json"
-    _through(cloud_emulator, monkeypatch)
+    through_emulator(cloud_emulator, monkeypatch)
     cloud_emulator.reset()
     seen: list[int] = []
     sparse = 0

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from shardstream.mds import MDSWriter
-from tests.client.reads.test_ranged_reads import _upload
 from tests.fixtures.cloud_emulator import CloudEmulator
 from tests.fixtures.cloud_emulator_fixture import _cloud_emulator_process, cloud_emulator
+from tests.fixtures.ranged_shards import upload_folder
 from tests.fixtures.s3 import S3Bucket
 from tests.harness.compare import check_reference, check_same_world_resume
 from tests.harness.config import DataSettings, TrainerConfig
@@ -37,7 +37,7 @@ KILL_AT = 30
 CKPT_EVERY = 10
 
 
-def _write(out: Path) -> None:
+def write_ranged_shards(out: Path) -> None:
     """The harness's id dataset, in shards of ~10 KB with 8 KiB digest blocks and 4 KiB
     pieces, so that every shard is read in several ranged requests and every fresh process
     (each worker, each resumed attempt) reads its first batch by piece."""
@@ -62,8 +62,8 @@ def test_sigkill_mid_epoch_resumes_exactly(
     cloud_emulator: CloudEmulator,
     tmp_path: Path,
 ) -> None:
-    _write(tmp_path / "ds")
-    _upload(tmp_path / "ds", f"{s3_bucket.url}/resume")
+    write_ranged_shards(tmp_path / "ds")
+    upload_folder(tmp_path / "ds", f"{s3_bucket.url}/resume")
     env = {"AWS_ENDPOINT_URL": cloud_emulator.endpoint_url}
     base = TrainerConfig(
         attempt_dir=str(tmp_path / "whole"),

@@ -13,8 +13,8 @@ from shardstream.client.reads.refetch import REFETCH_ATTEMPTS, refetched
 from shardstream.errors import HashMismatchError
 from shardstream.mds import MDSWriter
 from shardstream.retry import RetryPolicy
-from tests.client.reads.test_ranged_reads import TOKENS, _upload, tokens_of
 from tests.fixtures.faulty_proxy import Faults, FaultyProxy, faulty_proxy
+from tests.fixtures.ranged_shards import TOKENS, tokens_of, upload_folder
 from tests.fixtures.s3 import S3Bucket
 
 __all__ = ["faulty_proxy"]
@@ -29,11 +29,11 @@ def _dataset(s3_bucket: S3Bucket, tmp_path: Path, compression: str | None) -> st
         for i in range(N):
             writer.write({"id": i, "tokens": tokens_of(i)})
     assert len(list((tmp_path / "ds").glob("*.mds*"))) == 1
-    _upload(tmp_path / "ds", f"{s3_bucket.url}/whole")
+    upload_folder(tmp_path / "ds", f"{s3_bucket.url}/whole")
     return f"{s3_bucket.url}/whole/index.json"
 
 
-def _read(
+def read_ids(
     url: str, options: tuple[CacheOptions, ReadOptions], proxy: FaultyProxy, faults: Faults
 ) -> list[int]:
     cache, read = options
@@ -80,7 +80,7 @@ def test_a_corrupted_whole_download_is_fetched_again(
     )
     # Every download but the last allowed is corrupted.
     faults = Faults(corrupt_rate=1.0, corrupt_max=REFETCH_ATTEMPTS - 1)
-    ids = _read(url, options, faulty_proxy, faults)
+    ids = read_ids(url, options, faulty_proxy, faults)
     assert sorted(ids) == list(range(N))  # and every row's tokens were checked
     assert faulty_proxy.stats["corrupted"] == REFETCH_ATTEMPTS - 1
     assert _shard_gets(faulty_proxy) == REFETCH_ATTEMPTS
@@ -100,7 +100,7 @@ def test_a_shard_wrong_every_time_fails_naming_it_after_the_attempts(
         match=rf"shard shard\.\d+\.mds failed .* all {REFETCH_ATTEMPTS} downloads.*re-upload it\): "
         r"s3://.*/whole/shard\.\d+\.mds: xxh3_64 is",
     ):
-        _read(url, options, faulty_proxy, Faults(corrupt_rate=1.0))
+        read_ids(url, options, faulty_proxy, Faults(corrupt_rate=1.0))
     assert faulty_proxy.stats["corrupted"] >= REFETCH_ATTEMPTS
     assert list((tmp_path / "cache" / "data").iterdir()) == []  # nothing wrong was cached
 
