@@ -262,7 +262,7 @@ def test_bad_pack_options_are_one_clear_error(documents: Path, tmp_path: Path) -
 
 def _in_ring(loader: ShardstreamLoader, tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` lies in the worker's shared-memory ring (not pickled memory)."""
-    ring = loader._workers[0].ring
+    ring = loader._pool.workers[0].ring
     offset = tensor.untyped_storage().data_ptr() - ring._addr
     return 0 <= offset < ring.slots * ring.slot_bytes
 

@@ -170,7 +170,7 @@ def test_sample_seeds_spread_over_every_part() -> None:
 def test_transformed_batches_travel_through_the_shared_ring(images: Path, tmp_path: Path) -> None:
     with ShardstreamLoader(make(images, tmp_path), num_workers=1, copy=False) as loader:
         batch = next(iter(loader))
-        ring = loader._workers[0].ring
+        ring = loader._pool.workers[0].ring
         start = ring.slot_view(0).ctypes.data
         end = start + ring.slots * ring.slot_bytes
         assert start <= batch["image"].data_ptr() < end, "the batch was pickled, not placed"

@@ -119,7 +119,7 @@ def test_killed_worker_is_reported_and_leaves_no_shm(tokens_dir: Path, tmp_path:
     it = iter(loader)
     next(it)
     assert set(os.listdir("/dev/shm")) == before  # anonymous mappings only
-    os.kill(loader._workers[1].proc.pid, signal.SIGKILL)
+    os.kill(loader._pool.workers[1].proc.pid, signal.SIGKILL)
     with pytest.raises(WorkerError, match="exited with code -9"):
         for _ in it:
             pass

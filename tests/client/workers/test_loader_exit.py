@@ -25,7 +25,7 @@ TRAINER = textwrap.dedent(
     loader = ShardstreamLoader(StreamingDataset(sys.argv[1], 8), num_workers=2)
     it = iter(loader)
     next(it)
-    pids = [w.proc.pid for w in loader._workers]
+    pids = [w.proc.pid for w in loader._pool.workers]
     print(" ".join(map(str, pids)), flush=True)
     if sys.argv[2] == "hang":
         signal.pause()

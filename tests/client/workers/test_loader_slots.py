@@ -21,7 +21,7 @@ from tests.fixtures.datasets import ids_of, token_row
 
 def _slot_of(loader: ShardstreamLoader, tensor: torch.Tensor) -> int | None:
     """The ring slot ``tensor`` lies in, or None for private memory (a copy)."""
-    ring = loader._workers[0].ring
+    ring = loader._pool.workers[0].ring
     offset = tensor.untyped_storage().data_ptr() - ring._addr
     if 0 <= offset < ring.slots * ring.slot_bytes:
         return offset // ring.slot_bytes
