@@ -108,9 +108,13 @@ def make_checkpoint(data: str, root: Path, step: int) -> Path:
         model = GPT2LMHeadModel(
             GPT2Config(vocab_size=256, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2)
         )
+        # per_device_train_batch_size=1: the plain Trainer's "sample" is one whole batch of
+        # the dataset, and on resume the Trainer reads its batch size from this checkpoint
+        # (trainer_state.json), not from its arguments: with the default 8 it would build a
+        # DataLoader of 8 of our batches per step and skip 8 x N of them, not N.
         args = TrainingArguments(
             str(out), max_steps=1, save_steps=1, use_cpu=True, report_to=[], disable_tqdm=True,
-            dataloader_num_workers=0,
+            dataloader_num_workers=0, per_device_train_batch_size=1,
         )  # fmt: skip
         ShardstreamTrainer(model=model, args=args, train_dataset=dataset).train()
     folder = root / f"checkpoint-{step}"
@@ -134,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="resume-cost-") as tmp:
         root = Path(tmp)
         data = write_tokens(root / "tokens", BATCH * (max(options.steps) + 50))
+        failed = False
         print("| step | Trainer replay (s) | shardstream state (s) | same first batch |")
         print("| ---: | ---: | ---: | --- |")
         for step in options.steps:
@@ -141,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
             replay, replay_ids = resume_seconds(False, data, checkpoint, root / "plain")
             ours, our_ids = resume_seconds(True, data, checkpoint, root / "ours")
             print(f"| {step:,} | {replay:.2f} | {ours:.2f} | {replay_ids == our_ids} |")
-    return 0
+            if replay_ids != our_ids:
+                print(f"step {step}: replay began with {replay_ids}, ours with {our_ids}")
+                failed = True
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -250,3 +250,14 @@ def test_read_runs_lancedb_beside_ours_on_the_same_rows(tmp_path: Path) -> None:
         ]
     ), done.stdout
     assert float(rows[("LanceDB StreamingDataset", "warm")][0].replace(",", "")) > 0
+
+
+@pytest.mark.timeout(300)
+def test_resume_cost_resumes_both_ways_on_the_same_first_batch() -> None:
+    """The Trainer's replay and shardstream's state start on the same batch (the replay
+    once read its batch size from the checkpoint, 8, and skipped 8 x N batches)."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "resume_cost.py"), "--steps", "3", "12"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=280, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = [line.split("|") for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert [(r[1].strip(), r[4].strip()) for r in rows[2:]] == [("3", "True"), ("12", "True")]
