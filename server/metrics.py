@@ -6,7 +6,8 @@ database at scrape time, so every replica reports the same totals.
 
 Per-run figures (:attr:`ServerMetrics.run_registry`) are exported only to a scrape that
 presents an admin token: ``/metrics`` needs no token, and its runs' figures name every
-running run of every dataset, and cost a read of their ranks' rows per scrape.
+running run of every dataset. They cost one stored row per run, whatever its ranks
+(:mod:`~shardstream.server.data.run_input_totals`).
 """
 
 from __future__ import annotations
@@ -111,7 +112,8 @@ _RUN_COUNTERS = (
 
 
 class _RunInputCollector:
-    """Input figures of running runs, summed over their ranks, from the database."""
+    """Input figures of running runs, summed over their ranks as they commit, from the
+    database."""
 
     def __init__(self, runs: Callable[[], list[Any]]) -> None:
         self._runs = runs

@@ -265,6 +265,29 @@ class RankInputStatsRow(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class RunInputTotalsRow(Base):
+    """A run's input figures over all its ranks, kept as its ranks' commits arrive
+    (:mod:`~shardstream.server.data.run_input_totals`), so ``/metrics`` reads one row per
+    run whatever its world size: the ranks per latest verdict, the largest world size a
+    rank reported, and the sums of the ranks' totals that ``/metrics`` exports."""
+
+    __tablename__ = "run_input_totals"
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    ranks_unknown: Mapped[int] = mapped_column(Integer, default=0)
+    ranks_not_input_bound: Mapped[int] = mapped_column(Integer, default=0)
+    ranks_io_bound: Mapped[int] = mapped_column(Integer, default=0)
+    ranks_cpu_bound: Mapped[int] = mapped_column(Integer, default=0)
+    world_size: Mapped[int] = mapped_column(Integer)
+    data_wait_s: Mapped[float] = mapped_column(Float, default=0.0)
+    step_s: Mapped[float] = mapped_column(Float, default=0.0)
+    storage_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    storage_requests: Mapped[int] = mapped_column(BigInteger, default=0)
+    throttled: Mapped[int] = mapped_column(BigInteger, default=0)
+    retries: Mapped[int] = mapped_column(BigInteger, default=0)
+    cache_hits: Mapped[int] = mapped_column(BigInteger, default=0)
+    cache_misses: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
 class RunMixtureRow(Base):
     """A run's mixture over training (:mod:`~shardstream.server.data.mixture_history`):
     per finished window of ``width`` global steps (window ``i`` is steps ``[i width,

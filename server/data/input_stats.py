@@ -12,7 +12,6 @@ when read, so no sum ever makes a run's views fail.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +20,7 @@ from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from shardstream.errors import RequestValidationError
-from shardstream.server.models import RankInputStatsRow, RunRow, utcnow
+from shardstream.server.models import RankInputStatsRow, utcnow
 from shardstream.wire import (
     COUNTS,
     DEFAULT_RANKS,
@@ -40,6 +39,7 @@ from shardstream.wire import (
     saturated,
 )
 
+from . import run_input_totals
 from . import runs as runs_data
 
 # Fields a window adds to the totals (the rest describe the latest window only).
@@ -71,10 +71,17 @@ def record(session: Session, run_id: int, step: int, report: InputStatsReport) -
                 updated_at=utcnow(),
             )
         )
+        sums = {name: latest[name] for name in run_input_totals.SUMMED}
+        _count_in_run(session, run_id, report, None, sums)
         return
     if step <= row.step:
         return  # a retried or replayed commit: this window is counted already
     total = dict(row.total)
+    sums = {
+        name: run_input_totals.added(name, total.get(name, 0), latest[name])
+        for name in run_input_totals.SUMMED
+    }
+    _count_in_run(session, run_id, report, row.verdict, sums)
     for name in _SUMMED:
         total[name] = saturated(name, total.get(name, 0) + latest[name])
     counts = total.get("latency_counts") or [0] * len(report.latency_counts)
@@ -87,6 +94,19 @@ def record(session: Session, run_id: int, step: int, report: InputStatsReport) -
     row.wait_share, row.latest, row.total = share(latest), latest, total
     row.history = [*row.history, [step, round(share(latest), 4)]][-MAX_HISTORY:]
     row.updated_at = utcnow()
+
+
+def _count_in_run(
+    session: Session,
+    run_id: int,
+    report: InputStatsReport,
+    was: str | None,
+    sums: dict[str, float],
+) -> None:
+    """The window in the run's figures over all ranks (what ``/metrics`` reads)."""
+    run_input_totals.add_window(
+        session, run_id, world_size=report.world_size, verdict=report.verdict, was=was, sums=sums
+    )
 
 
 def _public(row: RankInputStatsRow) -> RankInputStats:
@@ -113,11 +133,6 @@ def _figures(stored: Mapping[str, Any]) -> InputFigures:
     if isinstance(counts, list):
         held["latency_counts"] = [min(max(int(n), 0), MAX_INT) for n in counts]
     return InputFigures.model_validate(held)
-
-
-def run_verdict(verdicts: list[str]) -> str:
-    """A run's verdict from its ranks' (see :func:`verdict_of`)."""
-    return verdict_of(Counter(verdicts))
 
 
 def verdict_of(counts: Mapping[str, int]) -> str:
@@ -271,43 +286,27 @@ class RunAggregate:
 
 
 def running_aggregates(session: Session, limit: int) -> list[RunAggregate]:
-    """Per running run (at most ``limit``, the most recently updated), its ranks' totals:
-    ``/metrics`` labels by run only, so its series stay bounded."""
-    runs = session.scalars(
-        select(RunRow.id)
-        .where(RunRow.status == "running")
-        .order_by(RunRow.updated_at.desc())
-        .limit(limit)
-    ).all()
-    if not runs:
-        return []
-    rows = session.scalars(
-        select(RankInputStatsRow).where(RankInputStatsRow.run_id.in_(runs))
-    ).all()
-    by_run: dict[int, list[RankInputStatsRow]] = {}
-    for row in rows:
-        by_run.setdefault(row.run_id, []).append(row)
+    """Per running run (at most ``limit``, the most recently updated), its figures over
+    its ranks: one row per run (:mod:`.run_input_totals`), whatever the world sizes, and
+    ``/metrics`` labels by run only, so its series stay bounded too."""
     out = []
-    for run_id, ranks in sorted(by_run.items()):
-
-        def total(name: str, ranks: list[RankInputStatsRow] = ranks) -> Any:
-            return sum(r.total.get(name, 0) for r in ranks)
-
+    for row in run_input_totals.of_running_runs(session, limit):
+        counts = run_input_totals.ranks_by_verdict(row)
         out.append(
             RunAggregate(
-                run_id=run_id,
-                ranks=len(ranks),
-                world_size=max(r.world_size for r in ranks),
-                input_bound_ranks=sum(r.verdict in INPUT_BOUND for r in ranks),
-                data_wait_s=float(total("data_wait_s")),
-                step_s=float(total("step_s")),
-                storage_bytes=int(total("storage_bytes")),
-                storage_requests=int(total("storage_requests")),
-                throttled=int(total("throttled")),
-                retries=int(total("retries")),
-                cache_hits=int(total("cache_hits")),
-                cache_misses=int(total("cache_misses")),
-                verdict=run_verdict([r.verdict for r in ranks]),
+                run_id=row.run_id,
+                ranks=sum(counts.values()),
+                world_size=row.world_size,
+                input_bound_ranks=sum(counts[v] for v in INPUT_BOUND),
+                data_wait_s=float(row.data_wait_s),
+                step_s=float(row.step_s),
+                storage_bytes=int(row.storage_bytes),
+                storage_requests=int(row.storage_requests),
+                throttled=int(row.throttled),
+                retries=int(row.retries),
+                cache_hits=int(row.cache_hits),
+                cache_misses=int(row.cache_misses),
+                verdict=verdict_of(counts),
             )
         )
     return out
