@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 from fastapi import FastAPI
@@ -16,51 +15,8 @@ from fastapi.testclient import TestClient
 
 from shardstream.server.app import create_app
 from shardstream.server.config import Settings
+from tests.fixtures.console import browser, csrf_of, mint, run_with_checkpoints, sign_in
 from tests.server.conftest import ADMIN, make_published
-
-CSRF = re.compile(r'name="csrf" value="([0-9a-f]{64})"')
-
-
-def mint(api: TestClient, name: str, scopes: list[str], datasets: list[str] | None = None) -> str:
-    body: dict[str, Any] = {"name": name, "scopes": scopes, "datasets": datasets}
-    made = api.post("/v1/tokens", json=body)
-    assert made.status_code == 201, made.text
-    secret: str = made.json()["secret"]
-    return secret
-
-
-def browser(app: FastAPI) -> TestClient:
-    """A client with no Authorization header, as a browser is."""
-    return TestClient(app, follow_redirects=False)
-
-
-def sign_in(app: FastAPI, secret: str) -> TestClient:
-    client = browser(app)
-    done = client.post("/ui/login", data={"token": secret, "next": "/ui/runs"})
-    assert done.status_code == 303 and done.headers["location"] == "/ui/runs", done.text
-    return client
-
-
-def csrf_of(page: str) -> str:
-    found = CSRF.search(page)
-    assert found, "the page has no CSRF field"
-    return found.group(1)
-
-
-def run_with_checkpoints(api: TestClient, tmp_path: Path, dataset: str = "corpus") -> int:
-    make_published(api, dataset, tmp_path / dataset, shards=3)
-    run = api.post(
-        "/v1/runs",
-        json={"sources": [{"dataset": dataset, "version": 1}], "global_batch_size": 3},
-    ).json()
-    for step, (epoch, sample, world, session) in enumerate(
-        [(0, 3, 2, "a"), (0, 6, 2, "a"), (0, 9, 4, "b")], start=1
-    ):
-        plan = {"world_size": world, "session": session}
-        body = {"step": step, "epoch": epoch, "sample_in_epoch": sample, "plan": plan}
-        assert api.post(f"/v1/runs/{run['id']}/checkpoints", json=body).status_code == 201
-    run_id: int = run["id"]
-    return run_id
 
 
 def test_sign_in_sets_a_strict_http_only_cookie_for_the_console_only(
@@ -89,7 +45,7 @@ def test_wrong_tokens_and_missing_sessions_go_to_sign_in(api: TestClient, app: F
     assert page.status_code == 303
     assert page.headers["location"] == "/ui/login?next=%2Fui%2Fruns%2F7%3Fx%3D1"
     bad = client.post("/ui/login", data={"token": "ss_not_a_token"})
-    assert bad.status_code == 401 and "unknown" in bad.text.lower()
+    assert bad.status_code == 401 and "does not know that token" in bad.text.lower()
     assert "set-cookie" not in bad.headers
     # After sign-in only console pages are followed: no open redirect.
     away = client.post("/ui/login", data={"token": ADMIN, "next": "https://evil.example/"})

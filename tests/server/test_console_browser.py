@@ -115,7 +115,7 @@ def test_console_in_a_real_browser(server: LiveServer, browser: WebDriver, shots
     assert "/ui/login" in browser.current_url
     browser.find_element(By.ID, "token").send_keys("ss_wrong")
     go(By.ID, "sign-in")
-    assert "unknown" in text("sign-in-error").lower()
+    assert "does not know that token" in text("sign-in-error").lower()
     browser.find_element(By.ID, "token").send_keys(server.token)
     shot("sign-in")
     go(By.ID, "sign-in")

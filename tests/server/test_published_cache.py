@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 import time
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -26,68 +24,20 @@ import hypothesis
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from hypothesis import strategies as st
-from sqlalchemy import event
-from sqlalchemy.engine import Engine
 
 from shardstream.server.app import create_app
 from shardstream.server.cache.published import ByteCache
 from shardstream.server.cache.singleflight import SingleFlight
 from shardstream.server.config import Settings
+from tests.fixtures.query_log import count_queries
 from tests.fixtures.s3 import S3Bucket
 from tests.server.conftest import ADMIN, make_published, shard
 
 AUTH = {"Authorization": f"Bearer {ADMIN}"}
 BURST = 50
-_TABLES = re.compile(r"\b(?:FROM|JOIN)\s+\"?(\w+)", re.IGNORECASE)
 
 
 # --- helpers -------------------------------------------------------------------------
-
-
-class QueryLog:
-    """Counts the SELECTs an engine runs, per table named after FROM or JOIN.
-
-    ``delay_s`` stretches every SELECT of ``versions`` or ``shards`` (in the worker thread
-    that runs it), so that a burst of requests is certain to arrive while a load is on.
-    """
-
-    def __init__(self, engine: Engine, *, delay_s: float = 0.0) -> None:
-        self.tables: Counter[str] = Counter()
-        self._engine = engine
-        self._delay_s = delay_s
-        event.listen(engine, "before_cursor_execute", self._record)
-
-    def _record(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if not statement.lstrip().upper().startswith("SELECT"):
-            return
-        touched = set(_TABLES.findall(statement))
-        self.tables.update(touched)
-        if self._delay_s and touched & {"versions", "shards"}:
-            time.sleep(self._delay_s)
-
-    @property
-    def versions(self) -> int:
-        """SELECTs that read the versions table."""
-        return self.tables["versions"]
-
-    @property
-    def shards(self) -> int:
-        """SELECTs that read the shards table."""
-        return self.tables["shards"]
-
-    def close(self) -> None:
-        """Stop counting."""
-        event.remove(self._engine, "before_cursor_execute", self._record)
-
-
-@contextmanager
-def count_queries(app: FastAPI, *, delay_s: float = 0.0) -> Iterator[QueryLog]:
-    """A :class:`QueryLog` on ``app``'s engine for the duration of the block."""
-    log = QueryLog(app.state.engine, delay_s=delay_s)
-    try:
-        yield log
-    finally:
-        log.close()
 
 
 @contextmanager
@@ -158,7 +108,8 @@ def test_single_flight_holds_without_any_cache(
     every request loads again."""
     v = make_published(api, "nocache", tmp_path / "nocache")
     path = f"/v1/datasets/nocache/versions/{v['number']}"
-    with replica(settings, version_cache_s=0) as (app, client):
+    # Read slots off: 16 slots would let the burst of 50 in as ~4 flights, one after another.
+    with replica(settings, version_cache_s=0, read_slots=0) as (app, client):
         with count_queries(app, delay_s=0.1) as log:
             assert {r.status_code for r in burst(app, [path] * BURST)} == {200}
         assert log.versions == 1
