@@ -22,6 +22,7 @@ import pytest
 from shardstream.errors import ConfigError, ResumeError
 from shardstream.mds import MDSWriter
 from tests.client.integrations.launch import RankJob, global_batches, plan_batches, steps_of
+from tests.fixtures.server import LiveServer
 
 JOB = "tests.client.integrations.hf_job"
 GLOBAL_BATCH = 12
@@ -92,9 +93,11 @@ def _tiny_gpt2() -> Any:
     )
 
 
-def _train(tokens: str, out: Path, steps: int, resume: Any = None) -> dict[int, list[int]]:
+def _train(
+    tokens: str, out: Path, steps: int, resume: Any = None, **dataset: Any
+) -> dict[int, list[int]]:
     """Train ``steps`` steps in this process; returns ``{step: its sample ids, sorted}`` for
-    the steps that reached the model."""
+    the steps that reached the model. ``dataset``: more ``StreamingDataset`` options."""
     import torch
     from transformers import TrainingArguments
 
@@ -112,17 +115,19 @@ def _train(tokens: str, out: Path, steps: int, resume: Any = None) -> dict[int, 
         ids = batch["tokens"].long()
         return {"input_ids": ids, "labels": ids, "sample_id": batch["sample_id"]}
 
-    dataset = StreamingDataset(
-        tokens, 4, plan=PlanOptions(seed=SEED), decode=DecodeOptions(sample_ids=True),
-        transform=to_inputs,
-    )  # fmt: skip
+    options = {"plan": PlanOptions(seed=SEED), **dataset}
+    streaming = StreamingDataset(
+        tokens, 4, decode=DecodeOptions(sample_ids=True), transform=to_inputs, **options
+    )
     torch.manual_seed(0)
     model = _tiny_gpt2()
     args = TrainingArguments(
         str(out), max_steps=steps, save_steps=2, use_cpu=True, report_to=[], disable_tqdm=True,
         logging_steps=1000, dataloader_num_workers=0,
     )  # fmt: skip
-    Recording(model=model, args=args, train_dataset=dataset).train(resume_from_checkpoint=resume)
+    trainer = Recording(model=model, args=args, train_dataset=streaming)
+    trainer.train(resume_from_checkpoint=resume)
+    trainer.shardstream_loader.flush_commits()  # durable on the server, if it has a run
     return trained
 
 
@@ -174,3 +179,38 @@ def test_dispatch_batches_true_is_refused_in_one_line(tokens: str, tmp_path: Pat
     with pytest.raises(ConfigError, match=r"dispatch_batches.*rank 0 read every batch") as refused:
         ShardstreamTrainer(model=model, args=args, train_dataset=loader)
     assert "\n" not in str(refused.value)
+
+
+def test_each_save_commits_its_step_to_the_run_and_a_resume_is_checked_there(
+    live_server: LiveServer, tmp_path: Path
+) -> None:
+    """With a run on the metadata server, ``on_save`` commits step N at the position after
+    step N (the run's ledger then knows every checkpoint the Trainer wrote), and a resume
+    from ``checkpoint-N/`` is checked against the run's checkpoint at N before any batch."""
+    from shardstream.api_client import APIClient
+    from shardstream.client import CacheOptions, ServerOptions
+    from shardstream.shard_builder.publish import register_index
+    from tests.fixtures.datasets import write_tokens
+
+    write_tokens(tmp_path / "ds", 48, size_limit=300)  # 12 global batches of 4
+    with APIClient(live_server.url, live_server.token) as api:
+        register_index(api, str(tmp_path / "ds" / "index.json"), "tokens")
+        run = api.create_run([("tokens", 1)], global_batch_size=4).id
+        server = ServerOptions(url=live_server.url, token=live_server.token, run=run)
+        ds = {"server": server, "cache": CacheOptions(dir=tmp_path / "cache"), "plan": None}
+        out = tmp_path / "out"
+        first = _train("tokens", out, 4, **ds)
+        committed = [(c.step, c.epoch, c.sample_in_epoch) for c in api.list_checkpoints(run)]
+        assert committed == [(2, 0, 8), (4, 0, 16)]  # checkpoint-2/ and checkpoint-4/
+
+        resumed = _train("tokens", out, 4, resume=str(out / "checkpoint-2"), **ds)
+        assert resumed == {s: first[s] for s in (3, 4)}
+        assert [(c.step, c.sample_in_epoch) for c in api.list_checkpoints(run)][-1] == (4, 16)
+
+        # checkpoint-4's data file rewritten to say step 4 with the position of step 2: the
+        # folder agrees with itself, the run's ledger (step 4 at sample 16) does not
+        state = out / "checkpoint-4" / "shardstream_data.json"
+        body = json.loads((out / "checkpoint-2" / "shardstream_data.json").read_text())
+        state.write_text(json.dumps({**body, "step": 4}))
+        with pytest.raises(ResumeError, match=r"refuses this start.*at step 4, whose check"):
+            _train("tokens", out, 6, resume=True, **ds)
