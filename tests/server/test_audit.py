@@ -22,7 +22,7 @@ from shardstream.plan import MixtureSchedule, Phase
 from shardstream.server.data import audit as audit_data
 from shardstream.server.data.audit_plans import plan_facts
 from shardstream.server.models import CheckpointRow
-from tests.server.test_ledger import PER_EPOCH, _attempt, _audit, _run, _state
+from tests.fixtures.ledger_runs import PER_EPOCH, get_audit, ledger_run, post_attempt, reader_state
 
 
 def _commit(
@@ -40,7 +40,9 @@ def _commit(
 ) -> Any:
     """Commit ``step`` at the position of step ``at`` (or ``epoch``/``sample``), with the
     plan parameters ``params`` changed and the fingerprint string left as it was."""
-    state = copy.deepcopy(_state(step if at is None else at, changes=changes, versions=versions))
+    state = copy.deepcopy(
+        reader_state(step if at is None else at, changes=changes, versions=versions)
+    )
     state["plan"].update(params)
     body = {
         "step": step,
@@ -61,33 +63,33 @@ def _seed_change(old: int, new: int, batch: int) -> dict[str, Any]:
 def test_a_change_passes_only_in_the_attempt_that_recorded_it(
     api: TestClient, tmp_path: Path
 ) -> None:
-    run = _run(api, tmp_path)
-    assert _attempt(api, run, "a").status_code == 201
+    run = ledger_run(api, tmp_path)
+    assert post_attempt(api, run, "a").status_code == 201
     for step in (1, 2):
         _commit(api, run, step, 1, seed=17)
     first = [_seed_change(17, 18, 2)]
-    assert _attempt(api, run, "b", step=2, changes=first).status_code == 201
+    assert post_attempt(api, run, "b", step=2, changes=first).status_code == 201
     for step in (3, 4):
         _commit(api, run, step, 2, seed=18, changes=first)
-    report = _audit(api, run)
+    report = get_audit(api, run)
     assert report["ok"], report["failures"]
     assert [c["attempt"] for c in report["plan_changes"]] == [1 + 1]
     # The next start changes the seed again, carrying only the change it inherited.
-    assert _attempt(api, run, "c", step=4, changes=first).status_code == 201
+    assert post_attempt(api, run, "c", step=4, changes=first).status_code == 201
     _commit(api, run, 5, 3, seed=19, changes=first)
-    report = _audit(api, run)
+    report = get_audit(api, run)
     assert report["verdict"] == "not_proven"
     assert any("seed changed (18 -> 19)" in f for f in report["failures"]), report["failures"]
 
 
 def test_a_recorded_change_must_explain_the_order_read(api: TestClient, tmp_path: Path) -> None:
-    run = _run(api, tmp_path)
-    assert _attempt(api, run, "a").status_code == 201
+    run = ledger_run(api, tmp_path)
+    assert post_attempt(api, run, "a").status_code == 201
     _commit(api, run, 1, 1, seed=17)
     says = [_seed_change(17, 18, 1)]
-    assert _attempt(api, run, "b", step=1, changes=says).status_code == 201
+    assert post_attempt(api, run, "b", step=1, changes=says).status_code == 201
     _commit(api, run, 2, 2, seed=20, changes=says)  # reads seed 20, recorded 18
-    report = _audit(api, run)
+    report = get_audit(api, run)
     assert any("does not explain" in f for f in report["failures"]), report["failures"]
 
 
@@ -98,14 +100,14 @@ def test_the_order_is_recomputed_not_taken_from_the_fingerprint_string(
     fingerprint string and records nothing."""
     changed: list[tuple[str, Any]] = [("seed", 5), ("shuffle", False)]
     for name, value in changed:
-        run = _run(api, tmp_path / name)
-        assert _attempt(api, run, "a").status_code == 201
+        run = ledger_run(api, tmp_path / name)
+        assert post_attempt(api, run, "a").status_code == 201
         for step in (1, 2):
             _commit(api, run, step, 1)
-        assert _attempt(api, run, "b", step=2).status_code == 201
+        assert post_attempt(api, run, "b", step=2).status_code == 201
         params: dict[str, Any] = {name: value}
         _commit(api, run, 3, 2, **params)
-        report = _audit(api, run)
+        report = get_audit(api, run)
         assert report["verdict"] == "not_proven", report
         assert any(f"{name} changed" in f for f in report["failures"]), report["failures"]
 
@@ -113,20 +115,20 @@ def test_the_order_is_recomputed_not_taken_from_the_fingerprint_string(
 def test_positions_off_the_global_batch_and_epoch_jumps_are_flagged(
     api: TestClient, tmp_path: Path
 ) -> None:
-    run = _run(api, tmp_path / "odd")
-    assert _attempt(api, run, "a").status_code == 201
+    run = ledger_run(api, tmp_path / "odd")
+    assert post_attempt(api, run, "a").status_code == 201
     for step in (1, 2, 3):
         _commit(api, run, step, 1, epoch=0, sample=3 * step)  # 3 a step, batches of 2
-    failures = _audit(api, run)["failures"]
+    failures = get_audit(api, run)["failures"]
     assert any("not at the end of a global batch of 2" in f for f in failures), failures
     assert any("3 samples per step, not a whole number" in f for f in failures), failures
 
-    run = _run(api, tmp_path / "far")
-    assert _attempt(api, run, "a").status_code == 201
+    run = ledger_run(api, tmp_path / "far")
+    assert post_attempt(api, run, "a").status_code == 201
     for step in range(1, 14):
         _commit(api, run, step, 1)
     _commit(api, run, 14, 1, epoch=20_000, sample=0)
-    report = _audit(api, run)
+    report = get_audit(api, run)
     assert report["verdict"] == "not_proven"
     assert any("steps 13 -> 14" in f and "batches skipped" in f for f in report["failures"])
 
@@ -135,25 +137,25 @@ def test_an_unfinished_run_is_proven_so_far_and_a_completed_one_must_end_an_epoc
     api: TestClient, tmp_path: Path
 ) -> None:
 
-    run = _run(api, tmp_path)
-    assert _attempt(api, run, "a").status_code == 201
+    run = ledger_run(api, tmp_path)
+    assert post_attempt(api, run, "a").status_code == 201
     for step in (1, 2, 3):
         _commit(api, run, step, 1)
-    report = _audit(api, run)
+    report = get_audit(api, run)
     assert report["ok"] and report["verdict"] == "proven_so_far"
     assert "PROVEN so far" in report["verdict_text"]
     assert "epoch 0 at 6 of 12" in report["verdict_text"]
     assert api.patch(f"/v1/runs/{run}", json={"status": "completed"}).status_code == 200
-    report = _audit(api, run)  # stopped at step 3 of the epoch's 6
+    report = get_audit(api, run)  # stopped at step 3 of the epoch's 6
     assert report["verdict"] == "not_proven"
     assert any("marked completed" in f and "inside an epoch" in f for f in report["failures"])
     # The same run carried to the end of its epoch is proven.
-    run = _run(api, tmp_path / "whole")
-    assert _attempt(api, run, "a").status_code == 201
+    run = ledger_run(api, tmp_path / "whole")
+    assert post_attempt(api, run, "a").status_code == 201
     for step in range(1, PER_EPOCH + 1):
         _commit(api, run, step, 1)
     assert api.patch(f"/v1/runs/{run}", json={"status": "completed"}).status_code == 200
-    report = _audit(api, run)
+    report = get_audit(api, run)
     assert report["verdict"] == "proven", report["failures"]
 
 
@@ -167,10 +169,10 @@ def test_the_cli_exit_status_names_the_verdict(capsys: Any) -> None:
 
 
 def test_a_path_sourced_run_leads_with_the_swapped_version(api: TestClient, tmp_path: Path) -> None:
-    run = _run(api, tmp_path)
-    assert _attempt(api, run, "a").status_code == 201
+    run = ledger_run(api, tmp_path)
+    assert post_attempt(api, run, "a").status_code == 201
     _commit(api, run, 1, 1, versions=("idx-5f0c3a9e71d2b4c8",))
-    report = _audit(api, run)
+    report = get_audit(api, run)
     assert "a dataset version was swapped" in report["failures"][0], report["failures"]
     assert not any("invalid literal" in f for f in report["failures"] + report["unproven"])
 
@@ -198,11 +200,11 @@ def test_huge_schedules_and_epochs_cost_what_small_ones_do(
     ]
     huge = MixtureSchedule([*ramps, Phase(weights=(1,))]).to_params()
     wide = [{"weights": [1], "end_weights": [2], "steps": 2**40, "until": 2**41}, {"weights": [1]}]
-    run = _run(api, tmp_path)
-    assert _attempt(api, run, "a").status_code == 201
+    run = ledger_run(api, tmp_path)
+    assert post_attempt(api, run, "a").status_code == 201
     rows = []
     for step, schedule in enumerate([huge, wide, huge], start=1):
-        state = copy.deepcopy(_state(step))
+        state = copy.deepcopy(reader_state(step))
         state["plan"]["schedule"] = schedule
         state["plan"]["mixture"] = [[None, None, None]]
         rows.append((step, 0, 2 * step, state))
@@ -222,8 +224,8 @@ def test_huge_schedules_and_epochs_cost_what_small_ones_do(
 def test_the_audit_answers_within_its_deadline(
     api: TestClient, app: FastAPI, tmp_path: Path
 ) -> None:
-    run = _run(api, tmp_path)
-    assert _attempt(api, run, "a").status_code == 201
+    run = ledger_run(api, tmp_path)
+    assert post_attempt(api, run, "a").status_code == 201
     for step in (1, 2, 3):
         _commit(api, run, step, 1)
     with app.state.sessionmaker() as session:
@@ -236,13 +238,13 @@ def test_the_answer_stays_small_whatever_the_history(
     api: TestClient, app: FastAPI, tmp_path: Path, monkeypatch: Any
 ) -> None:
     monkeypatch.setattr(audit_data, "MAX_ROWS", 5)
-    run = _run(api, tmp_path)
-    assert _attempt(api, run, "a").status_code == 201
+    run = ledger_run(api, tmp_path)
+    assert post_attempt(api, run, "a").status_code == 201
     # 120 steps each in an epoch of its own at an odd sample, with a long version list.
-    state = _state(1)
+    state = reader_state(1)
     rows = [(step, step, 1, {**state, "versions": ["x" * 5000]}) for step in range(1, 121)]
     _insert(app, run, rows)
-    report = _audit(api, run)
+    report = get_audit(api, run)
     assert report["failure_count"] >= 120
     assert len(report["failures"]) == audit_data.MAX_FINDINGS
     assert all(len(f) <= audit_data.MAX_TEXT for f in report["failures"])

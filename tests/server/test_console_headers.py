@@ -17,8 +17,8 @@ from fastapi.routing import iter_route_contexts
 from fastapi.testclient import TestClient
 
 from shardstream.server.console.session import PREFIX
+from tests.fixtures.console import browser, csrf_of, mint, run_with_checkpoints, sign_in
 from tests.server.conftest import ADMIN
-from tests.server.test_console import browser, csrf_of, mint, run_with_checkpoints, sign_in
 
 PARAMETER = re.compile(r"{(\w+)(?::\w+)?}")
 

@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 
 from shardstream.plan import MixtureSchedule, Phase, PlanConfig, ScheduledPlan, SourceSpec
 from shardstream.server.console.mixture import mixture_view
+from tests.fixtures.console import sign_in
 from tests.server.conftest import ADMIN, make_published
-from tests.server.test_console import sign_in
 
 SCHEDULE = MixtureSchedule(
     [Phase(until=10, weights=(3, 1)), Phase(until=16, weights=(3, 1), end_weights=(1, 3), steps=2),

@@ -26,8 +26,8 @@ from shardstream.server.config import Settings
 from shardstream.server.db import make_engine
 from shardstream.server.migrate import alembic_config, current_revision, upgrade
 from shardstream.server.models import ConsoleSessionRow, TokenRow, utcnow
+from tests.fixtures.console import browser, csrf_of, mint, sign_in
 from tests.server.conftest import ADMIN
-from tests.server.test_console import browser, csrf_of, mint, sign_in
 
 COOKIE = "shardstream_console"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from tests.fixtures.console import browser, mint, sign_in
 from tests.server.conftest import make_published
-from tests.server.test_console import browser, mint, sign_in
 
 
 def test_an_unknown_token_is_explained_for_a_browser_user(api: TestClient, app: FastAPI) -> None:

@@ -28,43 +28,19 @@ from shardstream.wire._input_stats import (
     MAX_WINDOW_COUNT,
     MAX_WINDOW_S,
 )
+from tests.fixtures.console import sign_in
+from tests.fixtures.query_log import count_queries
+from tests.fixtures.run_requests import commit_stats, input_report, mixed_run, publish_ints
 from tests.fixtures.server import LiveServer
 from tests.server.conftest import ADMIN
-from tests.server.test_console import sign_in
-from tests.server.test_published_cache import count_queries
-from tests.server.test_runs import _run
-from tests.server.test_terminal_commands import _publish
-
-
-def report(rank: int, world: int, wait: float, step: float, **extra: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "rank": rank,
-        "world_size": world,
-        "batches": 100,
-        "data_wait_s": wait,
-        "step_s": step,
-        "latency_counts": [90, 5, 5, 0, 0, 0, 0, 0, 0, 0],
-        "storage_requests": 10,
-        "storage_bytes": 1 << 20,
-        "cache_hits": 3,
-        "cache_misses": 1,
-        "verdict": "io_bound" if wait / (wait + step) >= 0.1 else "not_input_bound",
-    }
-    body.update(extra)
-    return body
-
-
-def commit(api: TestClient, run: int, step: int, stats: dict[str, Any]) -> Any:
-    body = {"step": step, "epoch": 0, "sample_in_epoch": step * 256, "stats": stats}
-    return api.post(f"/v1/runs/{run}/checkpoints", json=body)
 
 
 def test_each_rank_is_kept_and_a_silent_rank_is_named(api: TestClient, tmp_path: Path) -> None:
-    run = _run(api, tmp_path)["id"]
+    run = mixed_run(api, tmp_path)["id"]
     assert api.get(f"/v1/runs/{run}/input-stats").json()["verdict"] == "unknown"
-    assert commit(api, run, 10, report(0, 4, 1.0, 9.0)).status_code == 201
+    assert commit_stats(api, run, 10, input_report(0, 4, 1.0, 9.0)).status_code == 201
     for rank, wait in ((1, 6.0), (2, 0.2)):  # the same step again: a replay, still counted
-        assert commit(api, run, 10, report(rank, 4, wait, 4.0)).status_code == 200
+        assert commit_stats(api, run, 10, input_report(rank, 4, wait, 4.0)).status_code == 200
     got = api.get(f"/v1/runs/{run}/input-stats").json()
     assert [r["rank"] for r in got["ranks"]] == [1, 0, 2]  # slowest first
     assert got["missing"] == [3] and got["missing_count"] == 1
@@ -72,8 +48,8 @@ def test_each_rank_is_kept_and_a_silent_rank_is_named(api: TestClient, tmp_path:
     assert got["verdict"] == "io_bound"  # rank 1 waits 60 % of its time
     assert round(got["wait_share"], 4) == round(7.2 / (7.2 + 17.0), 4)
     # The rank's next commit adds to its totals; a retry of it is not counted twice.
-    assert commit(api, run, 20, report(0, 4, 3.0, 7.0)).status_code == 201
-    assert commit(api, run, 20, report(0, 4, 3.0, 7.0)).status_code == 200
+    assert commit_stats(api, run, 20, input_report(0, 4, 3.0, 7.0)).status_code == 201
+    assert commit_stats(api, run, 20, input_report(0, 4, 3.0, 7.0)).status_code == 200
     rank0 = next(
         r for r in api.get(f"/v1/runs/{run}/input-stats").json()["ranks"] if r["rank"] == 0
     )
@@ -85,7 +61,7 @@ def test_each_rank_is_kept_and_a_silent_rank_is_named(api: TestClient, tmp_path:
 
 
 def test_a_commit_without_stats_still_works(api: TestClient, tmp_path: Path) -> None:
-    run = _run(api, tmp_path)["id"]
+    run = mixed_run(api, tmp_path)["id"]
     body = {"step": 1, "epoch": 0, "sample_in_epoch": 256}
     assert api.post(f"/v1/runs/{run}/checkpoints", json=body).status_code == 201
     got = api.get(f"/v1/runs/{run}/input-stats").json()
@@ -95,7 +71,7 @@ def test_a_commit_without_stats_still_works(api: TestClient, tmp_path: Path) -> 
 def test_bad_stats_are_422_naming_the_field_and_nothing_is_stored(
     api: TestClient, tmp_path: Path
 ) -> None:
-    run = _run(api, tmp_path)["id"]
+    run = mixed_run(api, tmp_path)["id"]
     for bad, field in (
         ({"latency_counts": [1] * 11}, "latency_counts"),
         ({"verdict": "fast"}, "verdict"),
@@ -103,7 +79,7 @@ def test_bad_stats_are_422_naming_the_field_and_nothing_is_stored(
         ({"storage_bytes": -1}, "storage_bytes"),
         ({"world_size": 1 << 30}, "world_size"),
     ):
-        r = commit(api, run, 5, report(0, 4, 1.0, 1.0, **bad))
+        r = commit_stats(api, run, 5, input_report(0, 4, 1.0, 1.0, **bad))
         assert r.status_code == 422, (bad, r.text)
         assert field in r.json()["detail"], r.text
     assert api.get(f"/v1/runs/{run}/checkpoints").json()["items"] == []
@@ -113,8 +89,8 @@ def test_bad_stats_are_422_naming_the_field_and_nothing_is_stored(
 def test_a_commit_with_stats_stays_far_within_the_body_limit(
     api: TestClient, tmp_path: Path, settings: Settings
 ) -> None:
-    run = _run(api, tmp_path)["id"]
-    largest = report(
+    run = mixed_run(api, tmp_path)["id"]
+    largest = input_report(
         (1 << 20) - 1,
         1 << 20,
         MAX_WINDOW_S,
@@ -130,13 +106,13 @@ def test_a_commit_with_stats_stays_far_within_the_body_limit(
     body = {"step": 1, "epoch": 0, "sample_in_epoch": 256, "stats": largest}
     size = len(json.dumps(body))
     assert size < 2048 < settings.max_body_bytes, size
-    assert commit(api, run, 1, largest).status_code == 201
+    assert commit_stats(api, run, 1, largest).status_code == 201
 
 
 def test_metrics_export_per_run_aggregates_without_ranks(api: TestClient, tmp_path: Path) -> None:
-    run = _run(api, tmp_path)["id"]
-    commit(api, run, 10, report(0, 2, 3.0, 1.0))
-    commit(api, run, 10, report(1, 2, 1.0, 3.0))
+    run = mixed_run(api, tmp_path)["id"]
+    commit_stats(api, run, 10, input_report(0, 2, 3.0, 1.0))
+    commit_stats(api, run, 10, input_report(1, 2, 1.0, 3.0))
     text = api.get("/metrics").text
     lines = [line for line in text.splitlines() if line.startswith("shardstream_run_")]
     assert f'shardstream_run_data_wait_seconds_total{{run="{run}"}} 4.0' in lines
@@ -155,15 +131,15 @@ def test_metrics_export_per_run_aggregates_without_ranks(api: TestClient, tmp_pa
 def test_lists_of_runs_flag_input_bound_runs_with_one_query_per_page(
     api: TestClient, app: FastAPI, tmp_path: Path
 ) -> None:
-    first = _run(api, tmp_path)
+    first = mixed_run(api, tmp_path)
     body = {k: first[k] for k in ("sources", "seed", "global_batch_size", "plan")}
     runs = [first["id"]] + [api.post("/v1/runs", json=body).json()["id"] for _ in range(3)]
     bound, fine, silent, cpu = runs
-    commit(api, bound, 10, report(0, 4, 6.0, 4.0))  # 60 % waiting: io_bound
-    commit(api, bound, 10, report(1, 4, 0.1, 9.9))
-    commit(api, fine, 10, report(0, 2, 0.1, 9.9))
-    commit(api, cpu, 10, report(0, 2, 5.0, 5.0, verdict="cpu_bound"))
-    commit(api, cpu, 10, report(1, 2, 5.0, 5.0, verdict="cpu_bound"))
+    commit_stats(api, bound, 10, input_report(0, 4, 6.0, 4.0))  # 60 % waiting: io_bound
+    commit_stats(api, bound, 10, input_report(1, 4, 0.1, 9.9))
+    commit_stats(api, fine, 10, input_report(0, 2, 0.1, 9.9))
+    commit_stats(api, cpu, 10, input_report(0, 2, 5.0, 5.0, verdict="cpu_bound"))
+    commit_stats(api, cpu, 10, input_report(1, 2, 5.0, 5.0, verdict="cpu_bound"))
     with count_queries(app) as log:
         items = api.get("/v1/runs").json()["items"]
     assert log.tables["run_input_stats"] == 1  # one grouped query, not one per run
@@ -200,12 +176,12 @@ def test_lists_of_runs_flag_input_bound_runs_with_one_query_per_page(
 def test_input_stats_of_4096_ranks_are_bounded_by_default_and_page_slowest_first(
     api: TestClient, app: FastAPI, tmp_path: Path
 ) -> None:
-    run = _run(api, tmp_path)["id"]
+    run = mixed_run(api, tmp_path)["id"]
     world = 4096
     with app.state.sessionmaker.begin() as session:  # what 4,095 ranks' commits store
         for rank in range(1, world):  # rank 0 never reports
             wait = (rank % 97) / 10
-            stats = report(
+            stats = input_report(
                 rank, world, wait, 10.0 - wait, **({"verdict": "cpu_bound"} if rank % 2 else {})
             )
             input_stats_data.record(session, run, 10, InputStatsReport.model_validate(stats))
@@ -255,10 +231,10 @@ def test_runs_show_prints_wait_share_verdict_and_silent_ranks(
     monkeypatch.setenv("SHARDSTREAM_SERVER", live_server.url)
     monkeypatch.setenv("SHARDSTREAM_TOKEN", live_server.token)
     with APIClient() as api:
-        _publish(api, live_server.storage_root, "alpha")
+        publish_ints(api, live_server.storage_root, "alpha")
         run = api.create_run([("alpha", 1)], global_batch_size=8, seed=3, name="r1")
         for rank, wait in ((0, 1.0), (2, 8.0)):  # rank 1 of 3 never reports
-            stats = report(rank, 3, wait, 2.0, verdict="cpu_bound" if rank else "io_bound")
+            stats = input_report(rank, 3, wait, 2.0, verdict="cpu_bound" if rank else "io_bound")
             stats.update(packed_tokens=700 + 300 * rank, truncated_tokens=300 * (rank == 0))
             api.commit_checkpoint(run.id, step=10, epoch=0, sample_in_epoch=80, stats=stats)
     capsys.readouterr()
@@ -283,12 +259,12 @@ def test_runs_show_prints_wait_share_verdict_and_silent_ranks(
 def test_the_run_page_shows_wait_share_per_rank_verdict_and_silent_ranks(
     api: TestClient, app: FastAPI, tmp_path: Path
 ) -> None:
-    run = _run(api, tmp_path)["id"]
+    run = mixed_run(api, tmp_path)["id"]
     client = sign_in(app, ADMIN)
     assert "No rank has sent input figures yet" in client.get(f"/ui/runs/{run}").text
     for step, wait in ((10, 1.0), (20, 5.0)):
-        commit(api, run, step, report(0, 3, wait, 5.0))
-    commit(api, run, 20, report(2, 3, 0.1, 9.9, verdict="not_input_bound"))
+        commit_stats(api, run, step, input_report(0, 3, wait, 5.0))
+    commit_stats(api, run, 20, input_report(2, 3, 0.1, 9.9, verdict="not_input_bound"))
     page = client.get(f"/ui/runs/{run}").text
     assert ">io bound</span>" in page  # rank 0 waits half its time now
     assert "never reported: rank 1" in page
@@ -300,8 +276,8 @@ def test_the_run_page_shows_wait_share_per_rank_verdict_and_silent_ranks(
 def test_the_grafana_dashboard_queries_metrics_the_server_exports(
     api: TestClient, tmp_path: Path
 ) -> None:
-    run = _run(api, tmp_path)["id"]
-    commit(api, run, 10, report(0, 2, 3.0, 1.0))
+    run = mixed_run(api, tmp_path)["id"]
+    commit_stats(api, run, 10, input_report(0, 2, 3.0, 1.0))
     exported = {
         line.split("{")[0].split(" ")[0]
         for line in api.get("/metrics").text.splitlines()
@@ -321,7 +297,7 @@ def test_the_grafana_dashboard_queries_metrics_the_server_exports(
 def test_figures_past_one_windows_bounds_are_422_naming_the_field(
     api: TestClient, tmp_path: Path
 ) -> None:
-    run = _run(api, tmp_path)["id"]
+    run = mixed_run(api, tmp_path)["id"]
     for bad, field in (
         ({"data_wait_s": 9e11}, "data_wait_s"),
         ({"first_batch_s": 2e9}, "first_batch_s"),
@@ -330,7 +306,7 @@ def test_figures_past_one_windows_bounds_are_422_naming_the_field(
         ({"truncated_tokens": 2**60}, "truncated_tokens"),
         ({"latency_counts": [2**60] + [0] * 9}, "latency_counts"),
     ):
-        r = commit(api, run, 5, report(0, 4, 1.0, 1.0, **bad))
+        r = commit_stats(api, run, 5, input_report(0, 4, 1.0, 1.0, **bad))
         assert r.status_code == 422, (bad, r.text)
         assert field in r.json()["detail"] and "window" in r.json()["detail"], r.text
     assert api.get(f"/v1/runs/{run}/input-stats").json()["ranks"] == []
@@ -341,18 +317,18 @@ def test_totals_saturate_and_every_view_still_answers(
 ) -> None:
     """Commits of the largest windows, many times over: the totals stop at their bounds
     and the run's views (input figures, mixture, runs list, metrics) answer 200."""
-    run = _run(api, tmp_path)["id"]
+    run = mixed_run(api, tmp_path)["id"]
     big = 2**53
-    window = report(
+    window = input_report(
         0, 1, 1e9, 1e9, batches=big, storage_bytes=big, latency_counts=[big] * 10,
     )  # fmt: skip
     for step in (1, 2):
-        assert commit(api, run, step, window).status_code == 201
+        assert commit_stats(api, run, step, window).status_code == 201
     # 1,100 windows of 1e9 s and 2**53 (past both bounds), stored as the commits would.
     with app.state.sessionmaker.begin() as session:
         for step in range(3, 1100):
             input_stats_data.record(session, run, step, InputStatsReport.model_validate(window))
-    assert commit(api, run, 1100, window).status_code == 201
+    assert commit_stats(api, run, 1100, window).status_code == 201
     got = api.get(f"/v1/runs/{run}/input-stats")
     assert got.status_code == 200, got.text
     total = got.json()["ranks"][0]["total"]
@@ -368,8 +344,8 @@ def test_rows_summed_before_totals_saturated_are_read_within_bounds(
     api: TestClient, app: FastAPI, tmp_path: Path
 ) -> None:
     """What an earlier server stored (sums past the bounds) is shown held to them."""
-    run = _run(api, tmp_path)["id"]
-    assert commit(api, run, 1, report(0, 1, 1.0, 1.0)).status_code == 201
+    run = mixed_run(api, tmp_path)["id"]
+    assert commit_stats(api, run, 1, input_report(0, 1, 1.0, 1.0)).status_code == 201
     from shardstream.server.models import RankInputStatsRow
 
     with app.state.sessionmaker.begin() as session:

@@ -9,9 +9,8 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from tests.server.test_console import mint
-from tests.server.test_input_stats import commit, report
-from tests.server.test_runs import _run
+from tests.fixtures.console import mint
+from tests.fixtures.run_requests import commit_stats, input_report, mixed_run
 
 
 def _run_lines(text: str) -> list[str]:
@@ -21,8 +20,8 @@ def _run_lines(text: str) -> list[str]:
 def test_run_figures_only_for_an_admin_scrape(
     api: TestClient, app: FastAPI, tmp_path: Path
 ) -> None:
-    run = _run(api, tmp_path)["id"]
-    assert commit(api, run, 10, report(0, 2, 3.0, 1.0)).status_code == 201
+    run = mixed_run(api, tmp_path)["id"]
+    assert commit_stats(api, run, 10, input_report(0, 2, 3.0, 1.0)).status_code == 201
     reader = mint(api, "reader", ["read"])
     with TestClient(app) as anonymous:
         public = anonymous.get("/metrics")

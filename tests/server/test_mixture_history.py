@@ -28,9 +28,9 @@ from shardstream.wire import (
     phase_end_text,
     token_count_text,
 )
+from tests.fixtures.console import sign_in
 from tests.fixtures.server import LiveServer
 from tests.server.conftest import ADMIN, shard
-from tests.server.test_console import sign_in
 
 # 3:1 until step 10, then 1:3: a phase change the curve must show where it happens.
 SCHEDULE = MixtureSchedule([Phase(until=10, weights=(3, 1)), Phase(weights=(1, 3))])

@@ -3,35 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from fastapi.testclient import TestClient
 
+from tests.fixtures.run_requests import mixed_run
 from tests.server.conftest import make_published
 
 
-def _run(api: TestClient, tmp_path: Path, **extra: Any) -> dict[str, Any]:
-    make_published(api, "a", tmp_path / "a")
-    make_published(api, "b", tmp_path / "b")
-    body = {
-        "name": "job-1",
-        "sources": [
-            {"dataset": "a", "version": 1, "weight": 0.7},
-            {"dataset": "b", "version": 1, "weight": 0.3},
-        ],
-        "seed": 17,
-        "global_batch_size": 256,
-        "plan": {"num_partitions": 8, "shuffle": True},
-        **extra,
-    }
-    r = api.post("/v1/runs", json=body)
-    assert r.status_code == 201, r.text
-    result: dict[str, Any] = r.json()
-    return result
-
-
 def test_create_get_list_and_status(api: TestClient, tmp_path: Path) -> None:
-    run = _run(api, tmp_path)
+    run = mixed_run(api, tmp_path)
     assert run["status"] == "running"
     assert [s["weight"] for s in run["sources"]] == [0.7, 0.3]
     got = api.get(f"/v1/runs/{run['id']}").json()
@@ -61,7 +41,7 @@ def test_runs_read_only_published_versions(api: TestClient, tmp_path: Path) -> N
 
 
 def test_checkpoint_semantics(api: TestClient, tmp_path: Path) -> None:
-    run = _run(api, tmp_path)
+    run = mixed_run(api, tmp_path)
     url = f"/v1/runs/{run['id']}/checkpoints"
     assert api.get(f"{url}/latest").status_code == 404
     state = {"step": 100, "epoch": 0, "sample_in_epoch": 25_600, "plan": {"num_partitions": 8}}
@@ -94,7 +74,7 @@ def test_checkpoint_semantics(api: TestClient, tmp_path: Path) -> None:
 
 
 def test_metrics_count_checkpoint_commits(api: TestClient, tmp_path: Path) -> None:
-    run = _run(api, tmp_path)
+    run = mixed_run(api, tmp_path)
     url = f"/v1/runs/{run['id']}/checkpoints"
     state = {"step": 1, "epoch": 0, "sample_in_epoch": 8}
     api.post(url, json=state)
@@ -120,7 +100,7 @@ def test_run_ids_past_the_id_column_get_the_same_answer_on_every_backend(
     """Run ids are 32-bit columns: ids from 2**31 used to be a 404 on SQLite and a 422
     ("out of range for the database") on PostgreSQL. Both now refuse them alike, naming
     the parameter and its bound; the largest valid id is an ordinary 404."""
-    run = _run(api, tmp_path)
+    run = mixed_run(api, tmp_path)
     commit = {"step": 1, "epoch": 0, "sample_in_epoch": 256}
     for run_id in (2**31, 2**40, 2**62):
         answers = [

@@ -14,21 +14,8 @@ import pytest
 
 from shardstream.api_client import APIClient
 from shardstream.cli import main
-from shardstream.mds import MDSWriter, load_index
+from tests.fixtures.run_requests import publish_ints
 from tests.fixtures.server import LiveServer
-
-
-def _publish(api: APIClient, root: Path, name: str) -> None:
-    folder = root / name
-    with MDSWriter(folder, {"x": "int"}, size_limit=1 << 12) as writer:
-        for i in range(300):
-            writer.write({"x": i})
-    index = load_index(folder / "index.json")
-    from shardstream.shard_builder.publish import DraftVersion
-
-    with DraftVersion(api, name, columns={"x": "int"}, storage_root=str(folder)) as draft:
-        draft.add_index(index)
-        draft.publish()
 
 
 def test_terminal_commands_show_what_the_token_may_read(
@@ -41,7 +28,7 @@ def test_terminal_commands_show_what_the_token_may_read(
     monkeypatch.setenv("SHARDSTREAM_TOKEN", live_server.token)
     with APIClient() as api:
         for name in ("alpha", "beta"):
-            _publish(api, live_server.storage_root, name)
+            publish_ints(api, live_server.storage_root, name)
         run = api.create_run([("alpha", 1)], global_batch_size=8, seed=3, name="r1")
         api.commit_checkpoint(run.id, step=10, epoch=0, sample_in_epoch=80)
     capsys.readouterr()
@@ -88,7 +75,7 @@ def test_runs_show_into_a_closed_pipe_ends_quietly(
     monkeypatch.setenv("SHARDSTREAM_SERVER", live_server.url)
     monkeypatch.setenv("SHARDSTREAM_TOKEN", live_server.token)
     with APIClient() as api:
-        _publish(api, live_server.storage_root, "alpha")
+        publish_ints(api, live_server.storage_root, "alpha")
         run = api.create_run([("alpha", 1)], global_batch_size=8, seed=3, name="r1")
         for step in range(1, 4):
             api.commit_checkpoint(run.id, step=step * 10, epoch=0, sample_in_epoch=step * 80)
