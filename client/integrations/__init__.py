@@ -5,7 +5,9 @@ itself (``pip install 'shardstream[hf]'`` and so on), so the client stays light:
 
 * :mod:`~shardstream.client.integrations.hf_trainer`: Hugging Face ``Trainer``
   (``ShardstreamTrainer``, or ``ShardstreamTrainerMixin`` for your own subclass);
-* :mod:`~shardstream.client.integrations.hf_accelerate`: a bare ``accelerate`` loop.
+* :mod:`~shardstream.client.integrations.hf_accelerate`: a bare ``accelerate`` loop;
+* :mod:`~shardstream.client.integrations.composer`: MosaicML Composer
+  (``composer_dataloader``).
 
 Each one does the same three things and nothing more: it puts the loader's resume state
 into the framework's own checkpoint, restores it from there without replaying any data
