@@ -20,7 +20,7 @@ from tests.builder.conftest import (
     write_jsonl,
     write_parquet,
 )
-from tests.builder.test_resume import _cli, _kill_when
+from tests.fixtures.build_runs import build_cli, kill_when_journaled
 
 
 def _config(tmp_path: Path, inputs: list[Path], out: str = "out", **kw: object) -> TextBuildConfig:
@@ -103,7 +103,7 @@ def test_token_build_fingerprint_is_unchanged_by_the_document_options(tmp_path: 
 
 def test_cli_documents_flag(tmp_path: Path) -> None:
     write_jsonl(tmp_path / "a.jsonl", make_docs(30, seed=5))
-    args = _cli(
+    args = build_cli(
         "text", str(tmp_path / "a.jsonl"), "--documents", "--output", str(tmp_path / "out"),
         "--shard-size", "4KB", "--allow-small-shards", "--workers", "1",
     )  # fmt: skip
@@ -117,13 +117,13 @@ def test_document_build_killed_and_rerun_matches_a_clean_build(tmp_path: Path) -
     docs = make_docs(6000, seed=22, max_words=80)
     write_jsonl(tmp_path / "a.jsonl", docs)
     out = tmp_path / "out"
-    args = _cli(
+    args = build_cli(
         "text", str(tmp_path / "a.jsonl"), "--documents", "--output", str(out),
         "--shard-size", "8KB", "--allow-small-shards", "--chunk-bytes", "40KB",
         "--workers", "2",
     )  # fmt: skip
     proc = subprocess.Popen(args, start_new_session=True, stderr=subprocess.PIPE)
-    killed_after = _kill_when(proc, out / ".shardstream-build" / "done", shards=10)
+    killed_after = kill_when_journaled(proc, out / ".shardstream-build" / "done", shards=10)
     rerun = subprocess.run(args, check=False, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr
     assert "reused" in rerun.stderr

@@ -8,28 +8,28 @@ from pathlib import Path
 
 from shardstream.mds import load_index
 from tests.builder.conftest import dir_bytes, read_with_ours
-from tests.builder.test_import_webdataset import _samples, _write
-from tests.builder.test_resume import _kill_when
+from tests.fixtures.build_runs import kill_when_journaled
+from tests.fixtures.foreign_shards import webdataset_samples, write_webdataset
 
 
-def _cli(*args: str) -> list[str]:
+def build_cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "shardstream", "import", *args, "--no-progress"]
 
 
 def test_import_killed_and_rerun_matches_a_clean_import(tmp_path: Path) -> None:
-    pattern = _write(tmp_path / "wds", _samples(600), per_shard=30)
+    pattern = write_webdataset(tmp_path / "wds", webdataset_samples(600), per_shard=30)
     out, clean = tmp_path / "out", tmp_path / "clean"
     options = ("--shard-size", "6KB", "--allow-small-shards", "--workers", "2")
-    args = _cli("webdataset", pattern, "--output", str(out), *options)
+    args = build_cli("webdataset", pattern, "--output", str(out), *options)
     proc = subprocess.Popen(args, start_new_session=True, stderr=subprocess.PIPE)
-    killed_after = _kill_when(proc, out / ".shardstream-build" / "done", shards=10)
+    killed_after = kill_when_journaled(proc, out / ".shardstream-build" / "done", shards=10)
     assert not (out / "index.json").exists()  # a killed import never looks complete
 
     rerun = subprocess.run(args, check=False, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr
     assert "shards reused from an earlier run" in rerun.stderr
     reference = subprocess.run(
-        _cli("webdataset", pattern, "--output", str(clean), *options),
+        build_cli("webdataset", pattern, "--output", str(clean), *options),
         check=False,
         capture_output=True,
         text=True,
@@ -44,7 +44,7 @@ def test_import_killed_and_rerun_matches_a_clean_import(tmp_path: Path) -> None:
 
 def test_unknown_format_is_refused_by_the_parser(tmp_path: Path) -> None:
     run = subprocess.run(
-        _cli("petastorm", str(tmp_path), "--output", str(tmp_path / "o")),
+        build_cli("petastorm", str(tmp_path), "--output", str(tmp_path / "o")),
         check=False,
         capture_output=True,
         text=True,
@@ -53,9 +53,9 @@ def test_unknown_format_is_refused_by_the_parser(tmp_path: Path) -> None:
 
 
 def test_ray_is_refused_rather_than_ignored(tmp_path: Path) -> None:
-    pattern = _write(tmp_path / "wds", _samples(20), per_shard=10)
+    pattern = write_webdataset(tmp_path / "wds", webdataset_samples(20), per_shard=10)
     run = subprocess.run(
-        _cli("webdataset", pattern, "--output", str(tmp_path / "o"), "--ray", "local"),
+        build_cli("webdataset", pattern, "--output", str(tmp_path / "o"), "--ray", "local"),
         check=False,
         capture_output=True,
         text=True,

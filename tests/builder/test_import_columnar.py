@@ -30,8 +30,7 @@ from shardstream.shard_builder.importers import tfrecord as tfrecord_format
 from shardstream.shard_builder.importers.columnar import batches_of, columnize, encode_batch
 from shardstream.shard_builder.importers.source import Batch, Record
 from tests.builder.conftest import dir_bytes
-from tests.builder.test_import_parts import _tfrecord
-from tests.builder.test_import_webdataset import _samples, _write
+from tests.fixtures.foreign_shards import webdataset_samples, write_tfrecord, write_webdataset
 
 SMALL = {"shard_size": 6 * 1024, "allow_small_shards": True, "progress": False}
 
@@ -253,13 +252,17 @@ def _hf(root: Path) -> dict[str, Any]:
 
 
 def _tfrecords(root: Path) -> dict[str, Any]:
-    return {"format": "tfrecord", "inputs": (_tfrecord(root),), "part_bytes": 3000}
+    return {"format": "tfrecord", "inputs": (write_tfrecord(root),), "part_bytes": 3000}
 
 
 def _webdataset(root: Path) -> dict[str, Any]:
-    samples = _samples(70)
+    samples = webdataset_samples(70)
     del samples[33]["txt"]
-    return {"format": "webdataset", "inputs": (_write(root / "wds", samples),), "skip_bad": True}
+    return {
+        "format": "webdataset",
+        "inputs": (write_webdataset(root / "wds", samples),),
+        "skip_bad": True,
+    }
 
 
 SOURCES = {

@@ -14,14 +14,14 @@ import lmdb
 import numpy as np
 import pytest
 from litdata import optimize
-from tfrecord.writer import TFRecordWriter
 
 from shardstream.shard_builder.importers import ImportConfig, build_import
 from shardstream.shard_builder.importers.formats import get_format
 from shardstream.shard_builder.importers.source import SourceUnit
 from shardstream.storage import open_store
 from tests.builder.conftest import dir_bytes, write_lmdb
-from tests.builder.test_resume import _kill_when
+from tests.fixtures.build_runs import kill_when_journaled
+from tests.fixtures.foreign_shards import write_tfrecord
 from tests.fixtures.s3 import S3Bucket
 
 SMALL = {"shard_size": 6 * 1024, "allow_small_shards": True, "progress": False}
@@ -29,21 +29,6 @@ SMALL = {"shard_size": 6 * 1024, "allow_small_shards": True, "progress": False}
 
 def _lmdb(root: Path) -> str:
     return write_lmdb(root, 300, base=50, spread=170)
-
-
-def _tfrecord(root: Path) -> str:
-    rng = np.random.default_rng(2)
-    writer = TFRecordWriter(str(root / "one.tfrecord"))
-    for i in range(250):
-        writer.write(
-            {
-                "blob": (bytes(rng.integers(0, 256, 40 + i % 90, dtype=np.uint8)), "byte"),
-                "label": (i - 100, "int"),
-                "vec": (rng.standard_normal(i % 4 + 1).astype(np.float32).tolist(), "float"),
-            }
-        )
-    writer.close()
-    return str(root / "one.tfrecord")
 
 
 def _item(i: int) -> dict[str, Any]:
@@ -90,7 +75,7 @@ def _hf_parquet(root: Path) -> str:
 # name -> (format, source maker)
 SOURCES = {
     "lmdb": ("lmdb", _lmdb),
-    "tfrecord": ("tfrecord", _tfrecord),
+    "tfrecord": ("tfrecord", write_tfrecord),
     "litdata": ("litdata", _litdata),
     "hf-arrow": ("hf", _hf_arrow),
     "hf-parquet": ("hf", _hf_parquet),
@@ -162,7 +147,7 @@ def test_killed_import_resumes_with_other_parts_to_the_same_bytes(tmp_path: Path
         start_new_session=True,
         stderr=subprocess.PIPE,
     )
-    killed_after = _kill_when(proc, out / ".shardstream-build" / "done", shards=40)
+    killed_after = kill_when_journaled(proc, out / ".shardstream-build" / "done", shards=40)
     assert not (out / "index.json").exists()
     # Resumed with another part size and worker count: positions count records, not parts.
     resumed = build_import(config(out, 400_000, 1))
@@ -174,7 +159,7 @@ def test_killed_import_resumes_with_other_parts_to_the_same_bytes(tmp_path: Path
 
 def test_parts_imported_into_s3_match_a_local_import(tmp_path: Path, s3_bucket: S3Bucket) -> None:
     # A remote output stages shards (and the workers' spool files) in a temp folder.
-    source = _tfrecord(tmp_path)
+    source = write_tfrecord(tmp_path)
     local = tmp_path / "local"
     for output, workers in ((str(local), 1), (f"{s3_bucket.url}/imported", 2)):
         build_import(

@@ -10,40 +10,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-import webdataset as wds
 from PIL import Image
 
 from shardstream.errors import InputError
 from shardstream.shard_builder.importers import ImportConfig, build_import
 from shardstream.storage import open_store
-from tests.builder.conftest import dir_bytes, jpeg_bytes, read_with_ours, read_with_streaming
+from tests.builder.conftest import dir_bytes, read_with_ours, read_with_streaming
+from tests.fixtures.foreign_shards import webdataset_samples, write_webdataset
 from tests.fixtures.s3 import S3Bucket
 
 SMALL = {"shard_size": 16 * 1024, "allow_small_shards": True, "progress": False}
-
-
-def _samples(n: int) -> list[dict[str, Any]]:
-    rng = np.random.default_rng(0)
-    return [
-        {
-            "__key__": f"sample{i:05d}",
-            "jpg": jpeg_bytes(i),
-            "cls": i % 7,
-            "txt": f"caption {i} " * (i % 5 + 1),
-            "json": {"id": i, "tags": ["a", "b"][: i % 3]},
-            "npy": rng.standard_normal((i % 4 + 1, 3)).astype(np.float32),
-        }
-        for i in range(n)
-    ]
-
-
-def _write(folder: Path, samples: list[dict[str, Any]], per_shard: int = 40) -> str:
-    folder.mkdir(parents=True, exist_ok=True)
-    with wds.ShardWriter(str(folder / "shard-%06d.tar"), maxcount=per_shard, verbose=0) as sink:
-        for sample in samples:
-            sink.write(sample)
-    count = len(list(folder.glob("*.tar")))
-    return str(folder / f"shard-{{000000..{count - 1:06d}}}.tar")
 
 
 def _check(got: dict[str, Any], want: dict[str, Any]) -> None:
@@ -62,8 +38,8 @@ def _check(got: dict[str, Any], want: dict[str, Any]) -> None:
 
 
 def test_every_sample_comes_back_field_by_field(tmp_path: Path) -> None:
-    samples = _samples(150)
-    pattern = _write(tmp_path / "wds", samples)
+    samples = webdataset_samples(150)
+    pattern = write_webdataset(tmp_path / "wds", samples)
     result = build_import(
         ImportConfig(
             format="webdataset", inputs=(pattern,), output=str(tmp_path / "out"), workers=2, **SMALL
@@ -88,7 +64,7 @@ def test_every_sample_comes_back_field_by_field(tmp_path: Path) -> None:
 
 
 def test_same_source_gives_byte_identical_output(tmp_path: Path) -> None:
-    pattern = _write(tmp_path / "wds", _samples(90))
+    pattern = write_webdataset(tmp_path / "wds", webdataset_samples(90))
     outs = []
     for workers in (1, 2):
         out = tmp_path / f"out{workers}"
@@ -102,7 +78,7 @@ def test_same_source_gives_byte_identical_output(tmp_path: Path) -> None:
 
 
 def test_truncated_tar_is_one_clear_error_and_nothing_published(tmp_path: Path) -> None:
-    _write(tmp_path / "wds", _samples(60))
+    write_webdataset(tmp_path / "wds", webdataset_samples(60))
     victim = tmp_path / "wds" / "shard-000001.tar"
     victim.write_bytes(victim.read_bytes()[:5000])
     out = tmp_path / "out"
@@ -120,9 +96,9 @@ def test_truncated_tar_is_one_clear_error_and_nothing_published(tmp_path: Path) 
 
 
 def test_sample_missing_a_column_names_shard_and_key_or_is_skipped(tmp_path: Path) -> None:
-    samples = _samples(50)
+    samples = webdataset_samples(50)
     del samples[33]["txt"]
-    pattern = _write(tmp_path / "wds", samples)
+    pattern = write_webdataset(tmp_path / "wds", samples)
     with pytest.raises(InputError, match=r"shard-000000\.tar key sample00033.*expected"):
         build_import(
             ImportConfig(
@@ -149,7 +125,7 @@ def test_s3_and_http_sources_import_like_local_files(tmp_path: Path, s3_bucket: 
     import http.server
     import threading
 
-    pattern = _write(tmp_path / "src", _samples(100))
+    pattern = write_webdataset(tmp_path / "src", webdataset_samples(100))
     names = sorted(p.name for p in (tmp_path / "src").glob("*.tar"))
     store = open_store(f"{s3_bucket.url}/wds")
     for name in names:
@@ -188,7 +164,7 @@ def test_s3_and_http_sources_import_like_local_files(tmp_path: Path, s3_bucket: 
 
 
 def test_keys_can_be_left_out_and_a_member_cannot_shadow_them(tmp_path: Path) -> None:
-    pattern = _write(tmp_path / "wds", _samples(10))
+    pattern = write_webdataset(tmp_path / "wds", webdataset_samples(10))
     result = build_import(
         ImportConfig(
             format="webdataset",

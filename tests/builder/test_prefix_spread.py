@@ -194,16 +194,16 @@ def test_spread_build_killed_and_rerun_matches_a_clean_build(tmp_path: Path) -> 
     """The journal finds shards in their hashed folders; temp files there are swept."""
     import subprocess
 
-    from tests.builder.test_resume import _cli, _kill_when
+    from tests.fixtures.build_runs import build_cli, kill_when_journaled
 
     corpus = write_jsonl(tmp_path / "d.jsonl", make_docs(12_000, seed=21, max_words=120))
     out = tmp_path / "out"
-    args = _cli(
+    args = build_cli(
         "text", str(corpus), "--output", str(out), "--seq-len", "64", "--shard-size", "8KB",
         "--allow-small-shards", "--chunk-bytes", "64KB", "--workers", "2", "--spread-prefixes",
     )  # fmt: skip
     proc = subprocess.Popen(args, start_new_session=True, stderr=subprocess.PIPE)
-    killed_after = _kill_when(proc, out / ".shardstream-build" / "done", shards=20)
+    killed_after = kill_when_journaled(proc, out / ".shardstream-build" / "done", shards=20)
     assert not (out / "index.json").exists()
     rerun = subprocess.run(args, check=False, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr

@@ -25,6 +25,7 @@ from tests.builder.conftest import (
     write_jsonl,
     write_parquet,
 )
+from tests.fixtures.build_runs import stored_objects
 from tests.fixtures.ray_cluster import TEST_RAY_ENV, RayCluster, token_auth_head
 from tests.fixtures.s3 import S3Bucket
 
@@ -32,11 +33,6 @@ from tests.fixtures.s3 import S3Bucket
 pytestmark = pytest.mark.ray
 
 SMALL = {"shard_size": 8192, "allow_small_shards": True, "progress": False}
-
-
-def _stored(url: str) -> dict[str, bytes]:
-    store = open_store(url)
-    return {key: store.read_bytes(key) for key, _ in store.list()}
 
 
 def test_text_on_two_nodes_is_byte_identical_to_the_local_build(
@@ -57,7 +53,9 @@ def test_text_on_two_nodes_is_byte_identical_to_the_local_build(
     result = build_text_on_ray(
         TextBuildConfig(output=url, **options), RayOptions(address=ray_cluster.address)
     )
-    assert _stored(url) == dir_bytes(tmp_path / "local")  # shards, index.json, shardstream.json
+    assert stored_objects(url) == dir_bytes(
+        tmp_path / "local"
+    )  # shards, index.json, shardstream.json
     assert len(result.shards) == len(local.shards) > 20
     assert (result.samples, result.tokens, result.documents) == (
         local.samples,
@@ -225,7 +223,7 @@ def test_text_from_s3_inputs_and_from_a_ray_dataset_matches_the_local_build(
         TextBuildConfig(output=url, inputs=(f"{s3_bucket.url}/raw/",), **options),
         RayOptions(address=ray_cluster.address),
     )
-    assert _shards_and_index(_stored(url)) == reference
+    assert _shards_and_index(stored_objects(url)) == reference
     assert [entry["url"] for entry in result.lineage[:2]] == [
         f"{s3_bucket.url}/raw/part-0.jsonl",
         f"{s3_bucket.url}/raw/part-1.jsonl",
@@ -291,7 +289,9 @@ def test_images_from_a_ray_dataset_and_from_s3_match_the_local_parquet_build(
         ImageBuildConfig(output=url, inputs=(f"{s3_bucket.url}/raw/",), **options),
         RayOptions(address=ray_cluster.address),
     )
-    assert _shards_and_index(_stored(url)) == _shards_and_index(dir_bytes(tmp_path / "local"))
+    assert _shards_and_index(stored_objects(url)) == _shards_and_index(
+        dir_bytes(tmp_path / "local")
+    )
 
 
 def test_ray_is_imported_only_when_a_build_asks_for_it() -> None:

@@ -24,8 +24,7 @@ from shardstream.shard_builder.cluster import RayOptions, build_text_on_ray
 from shardstream.shard_builder.inputs import resolve_inputs
 from shardstream.shard_builder.text_source import plan_chunks
 from tests.builder.conftest import dir_bytes, make_docs, read_with_ours, write_jsonl, write_parquet
-from tests.builder.test_ray import _stored
-from tests.builder.test_ray_resume import _cli, _rerun, _run_until
+from tests.fixtures.build_runs import ray_build_cli, rerun_build, run_build_until, stored_objects
 from tests.fixtures.ray_cluster import RayCluster
 from tests.fixtures.s3 import S3Bucket
 
@@ -33,7 +32,7 @@ from tests.fixtures.s3 import S3Bucket
 pytestmark = pytest.mark.ray
 
 SMALL = {"shard_size": 8192, "allow_small_shards": True, "progress": False, "documents": True}
-CHUNK = 32 << 10  # as test_ray_resume's _cli
+CHUNK = 32 << 10  # as test_ray_resume's ray_build_cli
 
 
 def test_documents_on_two_nodes_are_byte_identical_to_the_local_build(
@@ -53,7 +52,9 @@ def test_documents_on_two_nodes_are_byte_identical_to_the_local_build(
     result = build_text_on_ray(
         TextBuildConfig(output=url, **options), RayOptions(address=ray_cluster.address)
     )
-    assert _stored(url) == dir_bytes(tmp_path / "local")  # shards, index.json, shardstream.json
+    assert stored_objects(url) == dir_bytes(
+        tmp_path / "local"
+    )  # shards, index.json, shardstream.json
     assert len(result.shards) == len(local.shards) > 20
     assert result.samples == result.documents == local.documents == len(docs)
     assert result.tokens == local.tokens
@@ -125,18 +126,18 @@ def test_documents_driver_killed_then_rerun_reuses_finished_shards(
     corpus = write_jsonl(tmp_path / "corpus.jsonl", make_docs(6000, seed=53, max_words=120))
     chunks = len(plan_chunks(resolve_inputs([str(corpus)], (".jsonl",)), "text", CHUNK))
     out = tmp_path / "out"
-    args = _cli(
+    args = ray_build_cli(
         "text", str(corpus), "--documents", "--shard-size", "8KB", "--allow-small-shards",
         "--no-progress", "--ray", ray_cluster.address, "--output", str(out),
     )  # fmt: skip
-    proc = _run_until(args, lambda: len(list(out.glob("shard.*.mds"))) >= 14, tmp_path)
+    proc = run_build_until(args, lambda: len(list(out.glob("shard.*.mds"))) >= 14, tmp_path)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     ray_cluster.wait_idle()  # the job's workers are gone: nothing writes into the output
     finished = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.glob("shard.*.mds")}
     assert len(finished) >= 14 and not (out / "index.json").exists()
 
-    rerun = _rerun(args, tmp_path)
+    rerun = rerun_build(args, tmp_path)
     assert f"{len(finished)} shards reused" in rerun.stderr
     again = {n: ((out / n).stat().st_ino, (out / n).stat().st_mtime_ns) for n in finished}
     assert sorted(n for n in finished if again[n] != finished[n]) == []  # none written again

@@ -13,8 +13,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,7 @@ from shardstream.shard_builder.inputs import resolve_inputs
 from shardstream.shard_builder.text_source import plan_chunks
 from shardstream.storage import ObjectStore, open_store
 from tests.builder.conftest import dir_bytes, make_docs, write_jsonl
+from tests.fixtures.build_runs import CHUNK, REPO, ray_build_cli, rerun_build, run_build_until
 from tests.fixtures.ray_cluster import RayCluster
 from tests.fixtures.s3 import S3Bucket
 from tests.fixtures.server import start_server
@@ -34,13 +33,7 @@ from tests.fixtures.server import start_server
 # Starts Ray: runs only in a private network namespace (tests/fixtures/netns.py).
 pytestmark = pytest.mark.ray
 
-REPO = Path(__file__).resolve().parents[2]
-CHUNK = 32 << 10
 SMALL = ["--seq-len", "64", "--shard-size", "8KB", "--allow-small-shards", "--no-progress"]
-
-
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "shardstream", "build", *args, "--chunk-bytes", str(CHUNK)]
 
 
 def _journal(url: str) -> list[dict[str, object]]:
@@ -82,27 +75,13 @@ def _stored_whole(store: ObjectStore, entry: dict[str, Any]) -> bool:
     return bool(store.size(stored["basename"]) == stored["bytes"])
 
 
-def _run_until(args: list[str], done: Callable[[], bool], cwd: Path) -> subprocess.Popen[bytes]:
-    """Start the build; return once ``done()`` holds (the build still running)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(args, start_new_session=True, stderr=subprocess.PIPE, cwd=cwd, env=env)
-    deadline = time.monotonic() + 120
-    while not done():
-        if proc.poll() is not None:
-            err = proc.stderr.read().decode() if proc.stderr else ""
-            pytest.fail(f"the build ended (rc {proc.returncode}) before the kill: {err}")
-        assert time.monotonic() < deadline, "the build made no progress in 120 s"
-        time.sleep(0.05)
-    return proc
-
-
 def _lose_worker_node_midway(
     args: list[str], url: str, cwd: Path, cluster: RayCluster, timeout: float
 ) -> tuple[int, str]:
     """Run the build until 15 shards are journaled, kill the cluster's second node (its
     raylet and workers, as a lost machine), and return the build's exit code and stderr
     once it ends; the node is started again either way."""
-    proc = _run_until(args, lambda: len(_journal(url)) >= 15, cwd)
+    proc = run_build_until(args, lambda: len(_journal(url)) >= 15, cwd)
     try:
         cluster.kill_worker_node()
         _, err = proc.communicate(timeout=timeout)
@@ -111,15 +90,6 @@ def _lose_worker_node_midway(
             os.killpg(proc.pid, signal.SIGKILL)
         cluster.start_worker_node()
     return proc.returncode, err.decode()
-
-
-def _rerun(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        args, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
 
 
 def _tokenized_chunks(stderr: str) -> int:
@@ -160,7 +130,7 @@ def test_driver_killed_then_rerun_publishes_once_reusing_finished_shards(
         tmp_path / "server", database_url=postgres_url, storage_root=f"{s3_bucket.url}/datasets"
     ) as server:
         api = APIClient(server.url, server.token)
-        args = _cli(
+        args = ray_build_cli(
             "text", str(corpus), "--tokenizer", str(tokenizer_file), *SMALL,
             "--ray", ray_cluster.address,
             "--server", server.url, "--token", server.token, "--dataset", "corpus",
@@ -176,7 +146,7 @@ def test_driver_killed_then_rerun_publishes_once_reusing_finished_shards(
 
             return check
 
-        proc = _run_until(args, journaled(15), tmp_path)
+        proc = run_build_until(args, journaled(15), tmp_path)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         ray_cluster.wait_idle()  # the job's workers are gone: the journal stays as it is
@@ -191,7 +161,7 @@ def test_driver_killed_then_rerun_publishes_once_reusing_finished_shards(
         resume_chunk = journal[-1]["resume"]["stream"]["chunk"]  # type: ignore[index]
 
         reusable = _stored_entries(draft.storage_root)
-        rerun = _rerun(args, tmp_path)
+        rerun = rerun_build(args, tmp_path)
         assert "published corpus version 1" in rerun.stderr  # the same draft, continued
         assert f"{reusable} shards reused" in rerun.stderr
         # Only the chunks from the one the journal stopped in are tokenized again.
@@ -213,8 +183,10 @@ def test_driver_killed_then_rerun_rewrites_no_finished_shard(
     # every shard in the output is reused as it is: same file (inode), never written again.
     corpus = write_jsonl(tmp_path / "corpus.jsonl", make_docs(6000, seed=45, max_words=120))
     out = tmp_path / "out"
-    args = _cli("text", str(corpus), *SMALL, "--ray", ray_cluster.address, "--output", str(out))
-    proc = _run_until(args, lambda: len(list(out.glob("shard.*.mds"))) >= 14, tmp_path)
+    args = ray_build_cli(
+        "text", str(corpus), *SMALL, "--ray", ray_cluster.address, "--output", str(out)
+    )
+    proc = run_build_until(args, lambda: len(list(out.glob("shard.*.mds"))) >= 14, tmp_path)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     ray_cluster.wait_idle()  # the job's workers are gone: nothing writes into the output
@@ -223,7 +195,7 @@ def test_driver_killed_then_rerun_rewrites_no_finished_shard(
     }
     assert len(finished) >= 14 and not (out / "index.json").exists()
 
-    rerun = _rerun(args, tmp_path)
+    rerun = rerun_build(args, tmp_path)
     assert f"{len(finished)} shards reused" in rerun.stderr
     again = {
         name: ((out / name).stat().st_ino, (out / name).stat().st_mtime_ns) for name in finished
@@ -238,7 +210,7 @@ def test_worker_node_lost_fails_clearly_then_rerun_resumes(
 ) -> None:
     corpus = write_jsonl(tmp_path / "corpus.jsonl", make_docs(6000, seed=42, max_words=120))
     url = f"{s3_bucket.url}/corpus"
-    args = _cli("text", str(corpus), *SMALL, "--ray", ray_cluster.address, "--output", url)
+    args = ray_build_cli("text", str(corpus), *SMALL, "--ray", ray_cluster.address, "--output", url)
     args += ["--ray-retries", "0"]  # stop at the loss (the default resumes by itself)
     returncode, message = _lose_worker_node_midway(args, url, tmp_path, ray_cluster, 180)
     assert returncode == 1, message
@@ -249,7 +221,7 @@ def test_worker_node_lost_fails_clearly_then_rerun_resumes(
     reusable = _stored_entries(url)
     assert open_store(url).size("index.json") is None
 
-    rerun = _rerun(args, tmp_path)
+    rerun = rerun_build(args, tmp_path)
     assert f"{reusable} shards reused" in rerun.stderr
     store = open_store(url)
     stored = {key: store.read_bytes(key) for key, _ in store.list()}
@@ -262,7 +234,7 @@ def test_worker_node_lost_build_resumes_by_itself_on_the_nodes_left(
 ) -> None:
     corpus = write_jsonl(tmp_path / "corpus.jsonl", make_docs(6000, seed=44, max_words=120))
     url = f"{s3_bucket.url}/corpus"
-    args = _cli("text", str(corpus), *SMALL, "--ray", ray_cluster.address, "--output", url)
+    args = ray_build_cli("text", str(corpus), *SMALL, "--ray", ray_cluster.address, "--output", url)
     returncode, message = _lose_worker_node_midway(args, url, tmp_path, ray_cluster, 240)
     assert returncode == 0, message
     assert "a Ray worker or its node was lost" in message
@@ -287,7 +259,7 @@ def test_failed_ray_build_leaves_an_aborted_draft_and_one_clear_error(
     with start_server(
         tmp_path / "server", database_url=postgres_url, storage_root=f"{s3_bucket.url}/datasets"
     ) as server:
-        args = _cli(
+        args = ray_build_cli(
             "text", str(corpus), *SMALL, "--ray", ray_cluster.address,
             "--server", server.url, "--token", server.token, "--dataset", "broken",
         )  # fmt: skip

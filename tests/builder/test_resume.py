@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,28 +17,8 @@ from shardstream.shard_builder.pipeline import BuildKind, BuildRun, produce_loca
 from shardstream.shard_builder.text import TextKind
 from shardstream.storage import open_store
 from tests.builder.conftest import dir_bytes, jpeg_bytes, make_docs, read_with_ours, write_jsonl
+from tests.fixtures.build_runs import build_cli, kill_when_journaled
 from tests.fixtures.s3 import S3Bucket
-
-
-def _kill_when(proc: subprocess.Popen[bytes], done_dir: Path, shards: int) -> int:
-    """SIGKILL ``proc``'s whole process group once ``shards`` shards are journaled."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        finished = len(list(done_dir.glob("*.json"))) if done_dir.exists() else 0
-        if finished >= shards:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return finished
-        if proc.poll() is not None:
-            err = proc.stderr.read().decode() if proc.stderr else ""
-            pytest.fail(f"the build ended (rc {proc.returncode}) before it was killed: {err}")
-        time.sleep(0.005)
-    os.killpg(proc.pid, signal.SIGKILL)
-    pytest.fail("the build made no progress in 60 s")
-
-
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "shardstream", "build", *args, "--no-progress"]
 
 
 @pytest.mark.slow
@@ -50,14 +29,14 @@ def test_text_build_killed_and_rerun_matches_a_clean_build(
     write_jsonl(tmp_path / "a.jsonl", docs[:6000])
     write_jsonl(tmp_path / "b.jsonl", docs[6000:])
     out = tmp_path / "out"
-    args = _cli(
+    args = build_cli(
         "text", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"),
         "--output", str(out), "--tokenizer", str(tokenizer_file), "--seq-len", "64",
         "--shard-size", "8KB", "--allow-small-shards", "--chunk-bytes", "64KB",
         "--workers", "2",
     )  # fmt: skip
     proc = subprocess.Popen(args, start_new_session=True, stderr=subprocess.PIPE)
-    killed_after = _kill_when(proc, out / ".shardstream-build" / "done", shards=20)
+    killed_after = kill_when_journaled(proc, out / ".shardstream-build" / "done", shards=20)
     assert not (out / "index.json").exists()  # a killed build never looks complete
 
     rerun = subprocess.run(args, check=False, capture_output=True, text=True, timeout=300)
@@ -90,12 +69,12 @@ def test_image_build_killed_and_rerun_matches_a_clean_build(tmp_path: Path) -> N
                 jpeg_bytes(label * 1000 + i, (64, 48))
             )
     out = tmp_path / "out"
-    args = _cli(
+    args = build_cli(
         "images", str(root), "--output", str(out), "--shard-size", "16KB",
         "--allow-small-shards", "--workers", "2",
     )  # fmt: skip
     proc = subprocess.Popen(args, start_new_session=True, stderr=subprocess.PIPE)
-    _kill_when(proc, out / ".shardstream-build" / "done", shards=5)
+    kill_when_journaled(proc, out / ".shardstream-build" / "done", shards=5)
     assert not (out / "index.json").exists()
     rerun = subprocess.run(args, check=False, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr
@@ -122,7 +101,7 @@ def test_s3_build_killed_and_rerun_matches_a_clean_build(
     docs = make_docs(8000, seed=23, max_words=120)
     write_jsonl(tmp_path / "d.jsonl", docs)
     url = f"{s3_bucket.url}/corpus"
-    args = _cli(
+    args = build_cli(
         "text", str(tmp_path / "d.jsonl"), "--output", url, "--seq-len", "64",
         "--shard-size", "32KB", "--allow-small-shards", "--chunk-bytes", "64KB",
         "--workers", "2",
