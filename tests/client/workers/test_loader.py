@@ -19,21 +19,8 @@ from shardstream.client import (
     WorkerError,
 )
 from shardstream.errors import ConfigError
-from tests.fixtures.datasets import check_resume, ids_of, token_row, write_tokens
-
-N = 300
-
-
-@pytest.fixture(scope="module")
-def tokens_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("loader") / "ds"
-    write_tokens(out, N, size_limit=400)
-    return out
-
-
-def dataset(path: Path, tmp: Path, **kw: object) -> StreamingDataset:
-    kw.setdefault("cache", CacheOptions(dir=tmp / "cache"))
-    return StreamingDataset(str(path), 4, **kw)  # type: ignore[arg-type]
+from tests.fixtures.datasets import check_resume, ids_of, token_row
+from tests.fixtures.loader_data import N, dataset
 
 
 def test_loader_yields_the_datasets_batches_in_order(tokens_dir: Path, tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from shardstream.client import ShardstreamLoader
-from tests.client.workers.test_loader import dataset, tokens_dir  # noqa: F401  (fixture)
 from tests.fixtures.datasets import ids_of, token_row
+from tests.fixtures.loader_data import dataset
 
 
 def _slot_of(loader: ShardstreamLoader, tensor: torch.Tensor) -> int | None:
@@ -34,7 +34,7 @@ def _check(batch: dict[str, torch.Tensor]) -> None:
 
 
 def test_batches_are_lent_views_of_the_ring(
-    tokens_dir: Path,  # noqa: F811
+    tokens_dir: Path,
     tmp_path: Path,
 ) -> None:
     with ShardstreamLoader(dataset(tokens_dir, tmp_path), num_workers=1, prefetch=4) as loader:
@@ -49,7 +49,7 @@ def test_batches_are_lent_views_of_the_ring(
 
 
 def test_kept_batches_stay_intact_and_past_the_limit_are_copies(
-    tokens_dir: Path,  # noqa: F811
+    tokens_dir: Path,
     tmp_path: Path,
 ) -> None:
     with ShardstreamLoader(dataset(tokens_dir, tmp_path), num_workers=2, prefetch=4) as loader:
@@ -65,7 +65,7 @@ def test_kept_batches_stay_intact_and_past_the_limit_are_copies(
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_batch_held_across_a_new_pass_is_not_overwritten(
-    tokens_dir: Path,  # noqa: F811
+    tokens_dir: Path,
     tmp_path: Path,
     workers: int,
 ) -> None:
