@@ -19,6 +19,9 @@ Rules, over every import statement (also those inside functions and under
    ``shardstream.client._server``); a package's public entry point is its ``__init__``;
 3. the server never imports the client (they meet through the wire and the core's plan).
 
+The tests keep one rule of their own: no test module imports another ``test_*`` module; a
+helper two of them share lives in a module under ``tests/fixtures/`` named for what it holds.
+
 An exception would be listed in :data:`KNOWN_PRIVATE_IMPORTS` with its reason (there is
 none today); one that no longer occurs fails too, so the list only shrinks.
 """
@@ -250,3 +253,96 @@ def test_every_known_exception_has_a_reason_and_exists() -> None:
         assert module in modules, f"{module} (KNOWN_PRIVATE_IMPORTS) is no module"
         assert private_prefix(private) == private
     assert _names(m for m, _ in KNOWN_PRIVATE_IMPORTS) <= set(CORE) | set(PARTS)
+
+
+# --- tests: a helper two test modules share lives under tests/fixtures/, not in either -----
+
+TESTS = Path(__file__).parent
+
+
+def modules_below(root: Path = TESTS) -> dict[str, Path]:
+    """Every module below ``root`` (the ``tests`` package) by dotted name."""
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(("tests", *parts))] = path
+    return found
+
+
+def named_test_module(name: str) -> str | None:
+    """The ``tests.….test_x`` module a dotted name below ``tests`` lies in, or None."""
+    parts = name.split(".")
+    if parts[0] != "tests":
+        return None
+    for i, part in enumerate(parts):
+        if part.startswith("test_"):
+            return ".".join(parts[: i + 1])
+    return None
+
+
+def imports_between_tests(modules: Mapping[str, Path]) -> list[str]:
+    """One line per import of another ``test_*`` module (by any spelling), naming file, line,
+    the importing module and what it imports: the helper belongs in ``tests/fixtures/``."""
+    found = []
+    for module, path in modules.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")
+                    base = ".".join([*up[: len(up) - (node.level - 1)], base]).strip(".")
+                names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            for name in names:
+                test_module = named_test_module(name)
+                if test_module is not None and test_module != module:
+                    found.append(
+                        f"{path}:{node.lineno}: {module} imports {test_module}: "
+                        "move the helper to tests/fixtures/"
+                    )
+                    break
+    return sorted(found)
+
+
+def test_no_test_module_imports_another() -> None:
+    assert "tests.fixtures.datasets" in modules_below()  # the walk sees the helpers' home
+    assert imports_between_tests(modules_below()) == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from tests.server.test_console import sign_in\n",
+        "def f():\n    from tests.client.reads.test_ranged_reads import N\n",
+        "import tests.builder.test_resume\n",
+        "from tests.builder import test_resume\n",
+        "from .test_loader import dataset\n",
+    ],
+)
+def test_an_injected_test_import_is_named(tmp_path: Path, source: str) -> None:
+    """The check itself can fail, in each spelling of the import."""
+    (tmp_path / "workers").mkdir()
+    (tmp_path / "workers" / "test_new.py").write_text(source)
+    found = imports_between_tests(modules_below(tmp_path))
+    assert len(found) == 1, found
+    assert "tests.workers.test_new imports tests." in found[0]
+    assert found[0].endswith("move the helper to tests/fixtures/")
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from tests.fixtures.datasets import write_tokens\n",
+        "from tests.server.conftest import make_published\n",
+        "import test_helpers_elsewhere\n",  # not below tests/
+    ],
+)
+def test_what_the_test_check_allows(tmp_path: Path, source: str) -> None:
+    (tmp_path / "test_new.py").write_text(source)
+    assert imports_between_tests(modules_below(tmp_path)) == []

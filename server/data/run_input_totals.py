@@ -28,8 +28,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from shardstream.server.models import RunInputTotalsRow, RunRow
-from shardstream.wire import Verdict
-from shardstream.wire._input_stats import saturated
+from shardstream.wire import Verdict, saturated
 
 SUMMED = (
     "data_wait_s",
