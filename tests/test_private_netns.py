@@ -128,6 +128,8 @@ def test_every_test_that_starts_ray_is_marked() -> None:
         Path("tests/test_private_netns.py"),
         # ``--ray`` is refused for imports before anything of Ray starts (asserted there).
         Path("tests/builder/test_import_cli.py"),
+        # ``--ray`` with ``--skip-bad`` is refused before Ray starts (asserted there).
+        Path("tests/builder/test_skip_bad_lines.py"),
     }
     unmarked = _unmarked(STARTS_RAY, "ray", allowed)
     assert unmarked == [], f"start Ray without the ray mark: {unmarked}"
@@ -141,6 +143,12 @@ def test_every_test_that_starts_torch_distributed_is_marked() -> None:
         Path("tests/test_private_netns.py"),
         # The harness itself: its Job refuses to start outside the namespace.
         *(p.relative_to(REPO) for p in (REPO / "tests" / "harness").glob("*.py")),
+        # The integrations' rank scripts, run only by their (marked) tests.
+        Path("tests/client/integrations/accelerate_job.py"),
+        Path("tests/client/integrations/hf_job.py"),
+        Path("tests/client/integrations/launch.py"),
+        # Names torchrun in a docstring (a launcher's ids); starts no process group.
+        Path("tests/server/test_ledger.py"),
     }
     unmarked = _unmarked(STARTS_DISTRIBUTED, "distributed", allowed)
     assert unmarked == [], f"start torch.distributed without the distributed mark: {unmarked}"

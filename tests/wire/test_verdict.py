@@ -49,7 +49,8 @@ def test_no_module_spells_a_verdict_but_the_wire() -> None:
     for entry in sorted(root.iterdir()):
         paths = [entry] if entry.suffix == ".py" else sorted(entry.resolve().rglob("*.py"))
         for path in paths:
-            if path == home.resolve():
+            # Migrations are frozen history: they never import today's code.
+            if path == home.resolve() or "migrations" in path.parts:
                 continue
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Constant) and node.value in names:
