@@ -31,25 +31,15 @@ from shardstream.wire import (
     MAX_STEPS,
     check_plan_bounds,
 )
+from tests.fixtures.ledger_runs import GBS, PLAN
 from tests.fixtures.server import LiveServer
 from tests.server.conftest import ADMIN, make_published
 
-GBS = 2
 PER_EPOCH = 6  # batches of 2 in 12 samples (4 shards of 3)
 
 
 def _params(schedule: Any = None, **extra: Any) -> dict[str, Any]:
-    params: dict[str, Any] = {
-        "seed": 0,
-        "global_batch_size": GBS,
-        "num_partitions": 1,
-        "shuffle": True,
-        "tail": "drop",
-        "window": None,
-        "epoch_size": None,
-        "mixture": [[None, None, None]],
-        **extra,
-    }
+    params: dict[str, Any] = {**PLAN, **extra}  # the ledger tests' plan
     if schedule is not None:
         params["schedule"] = schedule
     return params
