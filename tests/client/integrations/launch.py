@@ -20,6 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from shardstream.mds import MDSWriter
 from tests.fixtures.netns import require_private_netns
 from tests.harness.job import REPO_ROOT, free_port, live_group_members
 
@@ -166,4 +169,16 @@ def global_batches(steps: dict[int, list[list[int]]]) -> dict[int, list[int]]:
         merged = [i for ids in per_rank for i in ids]
         assert len(set(merged)) == len(merged), f"step {step}: ranks overlap: {per_rank}"
         out[step] = sorted(merged)
+    return out
+
+
+def write_random_tokens(
+    out: Path, samples: int, length: int, *, size_limit: int, seed: int
+) -> Path:
+    """An MDS dataset of ``samples`` rows of ``length`` random token ids (uint16 < 256) in
+    shards of ``size_limit`` bytes: the data every integration test trains on."""
+    rng = np.random.default_rng(seed)
+    with MDSWriter(out, {"tokens": f"ndarray:uint16:{length}"}, size_limit=size_limit) as w:
+        for _ in range(samples):
+            w.write({"tokens": rng.integers(0, 256, length, dtype=np.uint16)})
     return out

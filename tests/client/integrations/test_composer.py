@@ -21,7 +21,6 @@ import io
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
@@ -34,8 +33,7 @@ from shardstream.client import (
 )
 from shardstream.errors import ResumeError
 from shardstream.integrations.composer import composer_dataloader
-from shardstream.mds import MDSWriter
-from tests.client.integrations.launch import plan_batches
+from tests.client.integrations.launch import plan_batches, write_random_tokens
 
 GLOBAL_BATCH = 12
 SEED = 7
@@ -45,11 +43,7 @@ SEED = 7
 def tokens(tmp_path_factory: pytest.TempPathFactory) -> str:
     """96 samples of 8 token ids: 8 global batches an epoch."""
     out = tmp_path_factory.mktemp("composer") / "tokens"
-    rng = np.random.default_rng(2)
-    with MDSWriter(out, {"tokens": "ndarray:uint16:8"}, size_limit=400) as writer:
-        for _ in range(96):
-            writer.write({"tokens": rng.integers(0, 256, 8, dtype=np.uint16)})
-    return str(out)
+    return str(write_random_tokens(out, 96, 8, size_limit=400, seed=2))
 
 
 def _dataloaders(tokens: str, world: int) -> list[torch.utils.data.DataLoader[Any]]:

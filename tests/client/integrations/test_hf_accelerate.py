@@ -9,12 +9,16 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from shardstream.errors import ConfigError
-from shardstream.mds import MDSWriter
-from tests.client.integrations.launch import RankJob, global_batches, plan_batches, steps_of
+from tests.client.integrations.launch import (
+    RankJob,
+    global_batches,
+    plan_batches,
+    steps_of,
+    write_random_tokens,
+)
 
 JOB = "tests.client.integrations.accelerate_job"
 GLOBAL_BATCH = 12
@@ -26,11 +30,7 @@ SEED = 7
 def tokens(tmp_path_factory: pytest.TempPathFactory) -> str:
     """96 samples of 32 token ids in 6 shards: 8 global batches an epoch."""
     out = tmp_path_factory.mktemp("accelerate") / "tokens"
-    rng = np.random.default_rng(1)
-    with MDSWriter(str(out), {"tokens": "ndarray:uint16:32"}, size_limit=1200) as writer:
-        for _ in range(96):
-            writer.write({"tokens": rng.integers(0, 256, 32, dtype=np.uint16)})
-    return str(out)
+    return str(write_random_tokens(out, 96, 32, size_limit=1200, seed=1))
 
 
 def _cfg(attempt: Path, out: Path, data: str, world: int, **extra: Any) -> dict[str, Any]:

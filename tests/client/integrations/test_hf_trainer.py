@@ -16,12 +16,16 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from shardstream.errors import ConfigError, ResumeError
-from shardstream.mds import MDSWriter
-from tests.client.integrations.launch import RankJob, global_batches, plan_batches, steps_of
+from tests.client.integrations.launch import (
+    RankJob,
+    global_batches,
+    plan_batches,
+    steps_of,
+    write_random_tokens,
+)
 from tests.fixtures.server import LiveServer
 
 JOB = "tests.client.integrations.hf_job"
@@ -35,11 +39,7 @@ SEED = 7
 def tokens(tmp_path_factory: pytest.TempPathFactory) -> str:
     """96 samples of 32 token ids in 6 shards."""
     out = tmp_path_factory.mktemp("hf") / "tokens"
-    rng = np.random.default_rng(0)
-    with MDSWriter(str(out), {"tokens": "ndarray:uint16:32"}, size_limit=1200) as writer:
-        for _ in range(SAMPLES):
-            writer.write({"tokens": rng.integers(0, 256, 32, dtype=np.uint16)})
-    return str(out)
+    return str(write_random_tokens(out, SAMPLES, 32, size_limit=1200, seed=0))
 
 
 def _cfg(tmp: Path, name: str, data: str, world: int, **extra: Any) -> dict[str, Any]:

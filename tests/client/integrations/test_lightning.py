@@ -10,13 +10,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
 from shardstream.errors import ConfigError
-from shardstream.mds import MDSWriter
-from tests.client.integrations.launch import plan_batches
+from tests.client.integrations.launch import plan_batches, write_random_tokens
 
 BATCH = 16
 SEED = 3
@@ -26,11 +24,7 @@ SEED = 3
 def tokens(tmp_path_factory: pytest.TempPathFactory) -> str:
     """64 samples: 4 batches an epoch."""
     out = tmp_path_factory.mktemp("lightning") / "tokens"
-    rng = np.random.default_rng(4)
-    with MDSWriter(out, {"tokens": "ndarray:uint16:8"}, size_limit=300) as writer:
-        for _ in range(64):
-            writer.write({"tokens": rng.integers(0, 256, 8, dtype=np.uint16)})
-    return str(out / "index.json")
+    return str(write_random_tokens(out, 64, 8, size_limit=300, seed=4) / "index.json")
 
 
 def _fit(
